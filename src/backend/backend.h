@@ -1,0 +1,132 @@
+// The backend contract: the small set of ops the DeepSeek-V4 forward (model/dsv4.cpp) is composed
+// of. Tensors live in backend memory; the model never reads their data except through to_host().
+// Host-side metadata (positions, index lists, token ids) is passed as std::vector and uploaded by
+// the backend. Each op's numerics are the reference's (SPEC §2–§3); a backend that deviates names
+// the deviation where it happens.
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/dtypes.h"
+#include "model/weights.h"
+
+namespace dsv4 {
+
+struct Tensor {
+  DType dtype = DType::F32;
+  std::vector<int64_t> shape;
+  std::shared_ptr<uint8_t> storage;  // backend memory
+  void* data = nullptr;
+
+  int64_t numel() const {
+    int64_t n = 1;
+    for (auto d : shape) n *= d;
+    return n;
+  }
+  int64_t rows() const { return shape.empty() ? 0 : shape[0]; }
+  size_t nbytes() const { return size_t(numel()) * dtype_size(dtype); }
+  template <typename T> T* ptr() const { return static_cast<T*>(data); }
+  explicit operator bool() const { return data != nullptr || numel() == 0; }
+};
+
+// RoPE frequency table for one layer kind (SPEC §2.8): per rope pair i, f_i (YaRN-corrected or not).
+struct RopeTable {
+  std::vector<float> inv_freq;  // rope_dim / 2
+};
+RopeTable make_rope_table(const ModelConfig& c, bool compressed_layer);
+
+// Per-token routing decision.
+struct Routing {
+  Tensor ids;      // I32 [T, k]
+  Tensor weights;  // F32 [T, k]
+};
+
+// One compressor's incremental state for one sequence (SPEC §3.4): rows × (coff·d) of (a, g), f32.
+struct CompressorState {
+  Tensor kv, score;  // F32 [coff·ratio, coff·d]
+};
+
+// Fixed-size cache entries (FP8 KV entries of SPEC §4.2, or FP4 indexer keys) in pages of
+// kv_cache_layout.h; a global entry id is page · entries_per_page + slot. Pages are handed out
+// by the runtime (block tables); the memory belongs to the backend.
+enum class EntryKind { KV, INDEX_KEY };
+struct EntryPool {
+  EntryKind kind = EntryKind::KV;
+  int64_t pages = 0;  // capacity
+  Tensor storage;     // U8 [pages · page_bytes]
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string name() const = 0;
+
+  // Memory.
+  virtual Tensor alloc(DType dtype, std::vector<int64_t> shape) = 0;
+  virtual Tensor from_host(DType dtype, std::vector<int64_t> shape, const void* data) = 0;
+  virtual void to_host(const Tensor& t, void* dst) = 0;
+  virtual void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) = 0;
+
+  // Elementwise / row ops (bf16 unless stated).
+  virtual Tensor embed(const std::vector<int32_t>& ids, const uint16_t* table, int dim) = 0;
+  virtual Tensor rms_norm(const Tensor& x, const uint16_t* weight, float eps) = 0;           // x [T, N]
+  virtual void head_rms_norm(Tensor& x, int head_dim, float eps) = 0;                         // unweighted, bf16 math (SPEC §3.11.3)
+  virtual void rope(Tensor& x, int head_dim, int rope_dim, const std::vector<int32_t>& positions,
+                    const RopeTable& table, bool inverse) = 0;                                // last rope_dim of every head
+  virtual void fp8_simulate(Tensor& x, int row_width, int channels) = 0;                      // SPEC §2.5 on [0, channels)
+  virtual void hadamard_fp4_simulate(Tensor& x, int width) = 0;                                // SPEC §2.6–2.7 per `width` chunk
+  virtual Tensor add(const Tensor& a, const Tensor& b) = 0;                                    // bf16(a + b)
+  virtual Tensor scale(const Tensor& x, float s) = 0;                                          // bf16(x · s)
+
+  // Linears.
+  virtual Tensor linear(const Tensor& x, const LinearWeight& w) = 0;                    // bf16 out, reference numerics per format
+  virtual Tensor linear_bf16(const Tensor& x, const uint16_t* w, int out, int in) = 0;  // bf16 x·Wᵀ, f32 accumulate → bf16
+  virtual Tensor linear_f32(const Tensor& x, const uint16_t* w, int out, int in) = 0;   // f32(x)·f32(W)ᵀ → f32
+  virtual Tensor grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) = 0;  // [T,H·d] → [T,groups·rank]
+
+  // Hyper-connections (SPEC §3.2, §3.8).
+  virtual Tensor hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mult, int iters, float norm_eps,
+                        float hc_eps, Tensor* post, Tensor* comb) = 0;
+  virtual Tensor hc_post(const Tensor& y, const Tensor& X, const Tensor& post, const Tensor& comb) = 0;
+  virtual Tensor hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps) = 0;
+
+  // KV entries (SPEC §4.2): bf16 [n, head_dim] → the pool's FP8 layout, at global entry ids.
+  // Pools grow by whole pages; existing entries keep their ids.
+  virtual void grow_pool(EntryPool& pool, int64_t pages) = 0;
+  // Writes rows of `values` (bf16 [n, width]) as entries of the pool's kind: KV = 584-byte FP8
+  // entries (lossless for FP8-simulated values), INDEX_KEY = e2m1 + ue8m0 (lossless for FP4-simulated).
+  virtual void write_entries(const Tensor& values, const std::vector<int64_t>& rows, const std::vector<int64_t>& entries,
+                             EntryPool& pool) = 0;
+  virtual void copy_entries(const std::vector<int64_t>& src, const std::vector<int64_t>& dst, EntryPool& pool) = 0;
+
+  // Sparse attention with sink over per-query entry lists (−1 = none), blocks of 64 list positions.
+  virtual Tensor sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
+                                  const std::vector<int64_t>& entry_lists, int list_len, const float* sink,
+                                  float scale) = 0;
+  // Indexer (SPEC §3.5): per query, scores over its key entries, top-k (ties: lower position first).
+  // Returns I32 [T, k] positions within each query's key list (−1 where fewer).
+  virtual Tensor indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
+                              const std::vector<int64_t>& key_lists, const std::vector<int32_t>& key_counts,
+                              int max_keys, int k) = 0;
+
+  // Compressor (SPEC §3.4): consume projections (a, g) of one sequence's tokens at positions
+  // pos0.., update the state, and return the pooled f32 rows of the entries completed (may be 0 rows).
+  virtual Tensor compressor_update(const Tensor& a, const Tensor& g, int64_t row0, int64_t n, int64_t pos0,
+                                   const float* ape, int ratio, int d, CompressorState& state) = 0;
+  virtual void compressor_state_init(CompressorState& state, int ratio, int d) = 0;
+  virtual Tensor to_bf16(const Tensor& x) = 0;
+
+  // MoE (SPEC §3.7).
+  virtual Routing route(const Tensor& x, const MoeWeights& w, const std::vector<int32_t>& token_ids, int k,
+                        float route_scale) = 0;
+  virtual Tensor moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) = 0;
+
+  // Head.
+  virtual Tensor logits(const Tensor& h, const uint16_t* head, int vocab) = 0;  // f32 [T, V]
+};
+
+std::unique_ptr<Backend> make_backend(const std::string& name);  // "cpu" | "cuda"
+
+}  // namespace dsv4

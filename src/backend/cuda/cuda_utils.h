@@ -1,0 +1,129 @@
+// RAII wrappers and error checks shared by the CUDA backend, its tests and its benchmarks.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstddef>
+#include <utility>
+#include <vector>
+
+#include "core/error.h"
+
+#define DSV4_CUDA_CHECK(expr)                                                              \
+  do {                                                                                     \
+    cudaError_t err_ = (expr);                                                             \
+    if (err_ != cudaSuccess)                                                               \
+      ::dsv4::fail("CUDA error {} at {}:{}: {}", cudaGetErrorName(err_), __FILE__, __LINE__, \
+                   cudaGetErrorString(err_));                                              \
+  } while (0)
+
+// Checks the launch just made (configuration errors) without synchronising.
+#define DSV4_CUDA_CHECK_LAUNCH() DSV4_CUDA_CHECK(cudaGetLastError())
+
+namespace dsv4::cuda {
+
+// Owns one device allocation.
+template <typename T>
+class DeviceBuffer {
+ public:
+  DeviceBuffer() = default;
+  explicit DeviceBuffer(size_t count) : count_(count) {
+    if (count) DSV4_CUDA_CHECK(cudaMalloc(&ptr_, count * sizeof(T)));
+  }
+  ~DeviceBuffer() { if (ptr_) cudaFree(ptr_); }
+  DeviceBuffer(DeviceBuffer&& o) noexcept : ptr_(std::exchange(o.ptr_, nullptr)), count_(std::exchange(o.count_, 0)) {}
+  DeviceBuffer& operator=(DeviceBuffer&& o) noexcept {
+    if (this != &o) {
+      if (ptr_) cudaFree(ptr_);
+      ptr_ = std::exchange(o.ptr_, nullptr);
+      count_ = std::exchange(o.count_, 0);
+    }
+    return *this;
+  }
+  DeviceBuffer(const DeviceBuffer&) = delete;
+  DeviceBuffer& operator=(const DeviceBuffer&) = delete;
+
+  T* get() const { return ptr_; }
+  size_t size() const { return count_; }
+  size_t bytes() const { return count_ * sizeof(T); }
+
+  void upload(const T* host, size_t count, cudaStream_t s = nullptr) {
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(ptr_, host, count * sizeof(T), cudaMemcpyHostToDevice, s));
+  }
+  void upload(const std::vector<T>& host, cudaStream_t s = nullptr) { upload(host.data(), host.size(), s); }
+  std::vector<T> download(cudaStream_t s = nullptr) const {
+    std::vector<T> host(count_);
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(host.data(), ptr_, bytes(), cudaMemcpyDeviceToHost, s));
+    DSV4_CUDA_CHECK(cudaStreamSynchronize(s));
+    return host;
+  }
+  // Fills every byte with `byte` (tests poison outputs with 0xff = NaN for bf16/f32).
+  void fill_bytes(int byte, cudaStream_t s = nullptr) { DSV4_CUDA_CHECK(cudaMemsetAsync(ptr_, byte, bytes(), s)); }
+
+ private:
+  T* ptr_ = nullptr;
+  size_t count_ = 0;
+};
+
+class Stream {
+ public:
+  Stream() { DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  ~Stream() { cudaStreamDestroy(s_); }
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  cudaStream_t get() const { return s_; }
+  void sync() const { DSV4_CUDA_CHECK(cudaStreamSynchronize(s_)); }
+
+ private:
+  cudaStream_t s_{};
+};
+
+class Event {
+ public:
+  Event() { DSV4_CUDA_CHECK(cudaEventCreate(&e_)); }
+  ~Event() { cudaEventDestroy(e_); }
+  Event(const Event&) = delete;
+  Event& operator=(const Event&) = delete;
+  cudaEvent_t get() const { return e_; }
+  void record(cudaStream_t s) { DSV4_CUDA_CHECK(cudaEventRecord(e_, s)); }
+  // Milliseconds from `start` to this event (both recorded, this one completed).
+  float elapsed_ms_since(const Event& start) const {
+    DSV4_CUDA_CHECK(cudaEventSynchronize(e_));
+    float ms = 0;
+    DSV4_CUDA_CHECK(cudaEventElapsedTime(&ms, start.e_, e_));
+    return ms;
+  }
+
+ private:
+  cudaEvent_t e_{};
+};
+
+// Owns a captured CUDA graph and its executable instance.
+class Graph {
+ public:
+  Graph() = default;
+  ~Graph() { reset(); }
+  Graph(const Graph&) = delete;
+  Graph& operator=(const Graph&) = delete;
+  // Captures everything `body(stream)` enqueues on `stream`.
+  template <typename F>
+  void capture(cudaStream_t stream, F&& body) {
+    reset();
+    DSV4_CUDA_CHECK(cudaStreamBeginCapture(stream, cudaStreamCaptureModeThreadLocal));
+    body(stream);
+    DSV4_CUDA_CHECK(cudaStreamEndCapture(stream, &graph_));
+    DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec_, graph_, 0));
+  }
+  void launch(cudaStream_t stream) const { DSV4_CUDA_CHECK(cudaGraphLaunch(exec_, stream)); }
+  void reset() {
+    if (exec_) cudaGraphExecDestroy(exec_);
+    if (graph_) cudaGraphDestroy(graph_);
+    exec_ = nullptr;
+    graph_ = nullptr;
+  }
+
+ private:
+  cudaGraph_t graph_ = nullptr;
+  cudaGraphExec_t exec_ = nullptr;
+};
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,16 @@
+#ifdef DSV4_HAVE_CUDA
+#include "bench/op_benchmarks.h"
+
+#include "core/error.h"
+
+namespace dsv4::bench {
+
+void run_op_benchmark(const std::string& op) {
+  if (op == "moe") return bench_moe();
+  if (op == "attention") return bench_attention();
+  if (op == "indexer") return bench_indexer();
+  fail("bench-ops: unknown op '{}' (expected moe, attention or indexer)", op);
+}
+
+}  // namespace dsv4::bench
+#endif

@@ -1,0 +1,14 @@
+// Each `dsv4 <command>` lives in its own file and registers itself on the CLI here.
+#pragma once
+#include <CLI/CLI.hpp>
+
+namespace dsv4::commands {
+
+// Model commands (commands/model_commands.cpp): inspect, make-tiny, generate, logits, layer-check.
+void add_model_commands(CLI::App& app);
+// Text commands (commands/text_commands.cpp): tokenize, detokenize.
+void add_text_commands(CLI::App& app);
+// Op benchmarks (commands/bench_ops.cpp): bench-ops moe|attention|indexer.
+void add_bench_ops_command(CLI::App& app);
+
+}  // namespace dsv4::commands

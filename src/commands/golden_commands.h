@@ -1,0 +1,29 @@
+// Loading a model for a command, and the two commands the golden checks run with.
+#pragma once
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/dsv4.h"
+
+namespace dsv4::commands {
+
+struct LoadedModel {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Dsv4Model> model;
+};
+// Loads DIR on the named backend and logs what was detected for each weight class.
+LoadedModel load_model(const std::string& dir, const std::string& backend_name);
+
+// `dsv4 logits`: all inputs in one batch; prefill logits for every prompt position, then one
+// teacher-forced decode step at a time.
+void run_logits_command(const std::string& model_dir, const std::vector<std::string>& inputs,
+                        const std::string& out_dir, const std::string& backend);
+
+// `dsv4 layer-check`: every block teacher-forced on the golden streams (fresh state, chunks of
+// `chunk` tokens, 0 = all), the head and MTP on the golden final streams; prints a table.
+void run_layer_check_command(const std::string& model_dir, const std::string& golden_path, const std::string& output,
+                             int chunk, const std::string& backend);
+
+}  // namespace dsv4::commands

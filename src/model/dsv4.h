@@ -1,0 +1,89 @@
+// The DeepSeek-V4 forward (SPEC §3), composed of backend ops over a batch of sequences, each with
+// its own positions: prefill chunks and single decode tokens mix freely in one step.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/weights.h"
+#include "runtime/kv_pool.h"
+
+namespace dsv4 {
+
+using SeqId = int32_t;
+
+// One sequence's part of a step: `tokens` at positions start_pos, start_pos + 1, ...
+struct BatchItem {
+  SeqId seq = 0;
+  std::vector<int32_t> tokens;
+  bool all_logits = false;  // logits for every token (else only the last)
+};
+
+struct StepOutput {
+  // f32 logits, one row per requested position, in batch order; row_of[i] = first row of item i.
+  std::vector<float> logits;
+  std::vector<int64_t> row_of;
+  int vocab = 0;
+};
+
+// Rows of one step, grouped by sequence.
+struct StepRows {
+  struct Span {
+    LayerState* state = nullptr;  // this sequence's state in the layer being run
+    int64_t row0 = 0, n = 0, pos0 = 0;
+  };
+  std::vector<int32_t> tokens, positions;
+  std::vector<Span> spans;
+};
+
+class Dsv4Model {
+ public:
+  Dsv4Model(std::unique_ptr<ModelWeights> weights, Backend& backend);
+  ~Dsv4Model();
+
+  const ModelConfig& config() const { return weights_->config; }
+  const ModelWeights& weights() const { return *weights_; }
+  Backend& backend() { return backend_; }
+
+  SeqId new_sequence();
+  void free_sequence(SeqId id);
+  int64_t position(SeqId id) const;
+
+  // One forward step over the batch; every item's start position is its sequence's position.
+  StepOutput step(const std::vector<BatchItem>& batch);
+
+  // Pieces used by layer-check and the MTP path (same code as step()).
+  Tensor embed_streams(const std::vector<int32_t>& tokens);  // [T, hc, D]
+  Tensor run_block(const BlockWeights& block, LayerCaches& caches, const Tensor& X, const StepRows& rows);
+  Tensor head_logits(const Tensor& X, const HyperConnection& hc, const uint16_t* norm);
+  // MTP block (SPEC §3.9) on main-model final streams X with the next tokens' ids.
+  Tensor mtp_logits(const Tensor& X, const std::vector<int32_t>& next_tokens, const std::vector<int32_t>& positions);
+
+  // Fresh per-layer state for an ad-hoc sequence (layer-check); release with release_layer_state.
+  LayerState make_layer_state(const BlockWeights& block, LayerCaches& caches);
+  void release_layer_state(LayerState& s, LayerCaches& caches);
+  LayerCaches& caches(int layer) { return *caches_[size_t(layer)]; }
+
+  // Debug: called with every named intermediate ("attn_out-3", ...) when set (DESIGN §3.5).
+  std::function<void(const std::string&, const Tensor&)> dump;
+
+ private:
+  struct Sequence;
+  Tensor attention(const BlockWeights& block, LayerCaches& caches, const Tensor& x, const StepRows& rows);
+  Tensor moe(const BlockWeights& block, const Tensor& x, const StepRows& rows);
+  void compress(const CompressorWeights& w, LayerCaches& caches, const Tensor& x, const StepRows& rows, bool index_keys,
+                const RopeTable& rope);
+  void emit(const std::string& name, int layer, const Tensor& t) {
+    if (dump) dump(name + "-" + std::to_string(layer), t);
+  }
+
+  std::unique_ptr<ModelWeights> weights_;
+  Backend& backend_;
+  RopeTable rope_plain_, rope_yarn_;
+  std::vector<std::unique_ptr<LayerCaches>> caches_;  // main layers, then MTP layers
+  std::vector<std::unique_ptr<Sequence>> seqs_;
+};
+
+}  // namespace dsv4

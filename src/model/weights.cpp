@@ -1,0 +1,199 @@
+#include "model/weights.h"
+
+#include <fmt/format.h>
+
+#include <set>
+
+#include "core/error.h"
+#include "core/log.h"
+
+namespace dsv4 {
+
+namespace {
+
+// Looks tensors up by name and checks dtype and shape; remembers what was used.
+class TensorBinder {
+ public:
+  explicit TensorBinder(const Checkpoint& ckpt) : ckpt_(ckpt) {}
+
+  const TensorRef& get(const std::string& name, std::initializer_list<DType> dtypes, std::vector<int64_t> shape) {
+    const TensorRef* t = ckpt_.find(name);
+    if (!t) fail("{}: tensor {} is missing (expected shape {})", ckpt_.dir(), name, shape_str(shape));
+    bool ok = false;
+    std::string want;
+    for (auto d : dtypes) {
+      ok |= t->dtype == d;
+      want += (want.empty() ? "" : " or ") + std::string(dtype_name(d));
+    }
+    if (!ok) fail("{}: dtype {} expected, {} found in {}", name, want, dtype_name(t->dtype), t->file);
+    if (t->shape != shape)
+      fail("{}: shape {} expected, {} found in {}", name, shape_str(shape), shape_str(t->shape), t->file);
+    used_.insert(name);
+    return *t;
+  }
+  bool has(const std::string& name) const { return ckpt_.has(name); }
+  const uint16_t* bf16(const std::string& name, std::vector<int64_t> shape) {
+    return get(name, {DType::BF16}, std::move(shape)).as<uint16_t>();
+  }
+  const float* f32(const std::string& name, std::vector<int64_t> shape) {
+    return get(name, {DType::F32}, std::move(shape)).as<float>();
+  }
+  const std::set<std::string>& used() const { return used_; }
+
+ private:
+  const Checkpoint& ckpt_;
+  std::set<std::string> used_;
+};
+
+int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
+
+LinearWeight bind_linear(TensorBinder& b, const std::string& prefix, int out, int in, WeightFormat format) {
+  LinearWeight l;
+  l.name = prefix;
+  l.format = format;
+  l.out = out;
+  l.in = in;
+  switch (format) {
+    case WeightFormat::BF16:
+      l.w = b.get(prefix + ".weight", {DType::BF16}, {out, in}).data;
+      break;
+    case WeightFormat::FP8_BLOCK:
+      l.w = b.get(prefix + ".weight", {DType::F8_E4M3}, {out, in}).data;
+      l.scale = b.get(prefix + ".scale", {DType::F8_E8M0}, {ceil_div(out, 128), ceil_div(in, 128)}).data;
+      break;
+    case WeightFormat::MXFP4:
+      if (in % 32) fail("{}: input width {} is not a multiple of 32 (MXFP4 blocks)", prefix, in);
+      l.w = b.get(prefix + ".weight", {DType::I8, DType::U8}, {out, in / 2}).data;
+      l.scale = b.get(prefix + ".scale", {DType::F8_E8M0}, {out, in / 32}).data;
+      break;
+    case WeightFormat::NVFP4:
+      if (in % 16) fail("{}: input width {} is not a multiple of 16 (NVFP4 blocks)", prefix, in);
+      l.w = b.get(prefix + ".weight", {DType::U8, DType::I8}, {out, in / 2}).data;
+      l.scale = b.get(prefix + ".weight_scale", {DType::F8_E4M3}, {out, in / 16}).data;
+      l.scale2 = *b.f32(prefix + ".weight_scale_2", {});
+      if (b.has(prefix + ".input_scale")) b.f32(prefix + ".input_scale", {});  // static act scale: unused (FP8/bf16 activations)
+      break;
+  }
+  return l;
+}
+
+CompressorWeights bind_compressor(TensorBinder& b, const std::string& p, const ModelConfig& c, int ratio, int d, bool rotate) {
+  CompressorWeights w;
+  w.ratio = ratio;
+  w.head_dim = d;
+  w.coff = ratio == 4 ? 2 : 1;
+  w.rotate = rotate;
+  w.wkv = b.bf16(p + ".wkv.weight", {w.coff * d, c.dim});
+  w.wgate = b.bf16(p + ".wgate.weight", {w.coff * d, c.dim});
+  w.ape = b.f32(p + ".ape", {ratio, w.coff * d});
+  w.norm = b.bf16(p + ".norm.weight", {d});
+  return w;
+}
+
+// The reference converts wo_a to bf16 at load (e4m3 × power-of-two scale is exact in bf16).
+std::vector<uint16_t> wo_a_to_bf16(const LinearWeight& l) {
+  std::vector<uint16_t> out(size_t(l.out) * size_t(l.in));
+  if (l.format == WeightFormat::BF16) {
+    std::memcpy(out.data(), l.w, out.size() * 2);
+    return out;
+  }
+  const int sb_in = int(ceil_div(l.in, 128));
+  for (int r = 0; r < l.out; ++r)
+    for (int k = 0; k < l.in; ++k) {
+      float s = e8m0_to_f32(l.scale[size_t(r / 128) * size_t(sb_in) + size_t(k / 128)]);
+      out[size_t(r) * size_t(l.in) + size_t(k)] = f32_to_bf16(e4m3_to_f32(l.w[size_t(r) * size_t(l.in) + size_t(k)]) * s);
+    }
+  return out;
+}
+
+BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig& c, int layer, bool is_mtp) {
+  BlockWeights blk;
+  blk.layer = layer;
+  blk.ratio = c.compress_ratios[size_t(layer)];
+  blk.hash_routed = !is_mtp && layer < c.n_hash_layers;
+  const int D = c.dim, H = c.n_heads, hd = c.head_dim, hc = c.hc_mult, mix = (2 + hc) * hc;
+  const WeightFormat lf = c.linear_format;
+  blk.attn_norm = b.bf16(p + ".attn_norm.weight", {D});
+  blk.ffn_norm = b.bf16(p + ".ffn_norm.weight", {D});
+  blk.hc_attn = {b.f32(p + ".hc_attn_fn", {mix, hc * D}), b.f32(p + ".hc_attn_base", {mix}), b.f32(p + ".hc_attn_scale", {3})};
+  blk.hc_ffn = {b.f32(p + ".hc_ffn_fn", {mix, hc * D}), b.f32(p + ".hc_ffn_base", {mix}), b.f32(p + ".hc_ffn_scale", {3})};
+
+  AttentionWeights& a = blk.attn;
+  a.sink = b.f32(p + ".attn.attn_sink", {H});
+  a.wq_a = bind_linear(b, p + ".attn.wq_a", c.q_lora_rank, D, lf);
+  a.q_norm = b.bf16(p + ".attn.q_norm.weight", {c.q_lora_rank});
+  a.wq_b = bind_linear(b, p + ".attn.wq_b", H * hd, c.q_lora_rank, lf);
+  a.wkv = bind_linear(b, p + ".attn.wkv", hd, D, lf);
+  a.kv_norm = b.bf16(p + ".attn.kv_norm.weight", {hd});
+  a.wo_a = wo_a_to_bf16(bind_linear(b, p + ".attn.wo_a", c.o_groups * c.o_lora_rank, H * hd / c.o_groups, lf));
+  a.wo_b = bind_linear(b, p + ".attn.wo_b", D, c.o_groups * c.o_lora_rank, lf);
+  if (blk.ratio) a.compressor = bind_compressor(b, p + ".attn.compressor", c, blk.ratio, hd, false);
+  if (blk.ratio == 4) {
+    a.indexer.wq_b = bind_linear(b, p + ".attn.indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank, lf);
+    a.indexer.weights_proj = b.bf16(p + ".attn.indexer.weights_proj.weight", {c.index_n_heads, D});
+    a.indexer.compressor = bind_compressor(b, p + ".attn.indexer.compressor", c, 4, c.index_head_dim, true);
+  }
+
+  MoeWeights& m = blk.moe;
+  const int E = c.n_routed_experts, I = c.moe_inter_dim;
+  m.gate = b.bf16(p + ".ffn.gate.weight", {E, D});
+  if (blk.hash_routed) {
+    const TensorRef& t = b.get(p + ".ffn.gate.tid2eid", {DType::I32, DType::I64}, {c.vocab_size, c.n_active_experts});
+    m.tid2eid.resize(size_t(t.numel()));
+    for (size_t i = 0; i < m.tid2eid.size(); ++i) {
+      int64_t v = t.dtype == DType::I32 ? t.as<int32_t>()[i] : t.as<int64_t>()[i];
+      if (v < 0 || v >= E) fail("{}.ffn.gate.tid2eid: entry {} is {}, outside [0, {})", p, i, v, E);
+      m.tid2eid[i] = int32_t(v);
+    }
+  } else {
+    m.bias = b.f32(p + ".ffn.gate.bias", {E});
+  }
+  const WeightFormat ef = c.expert_format[size_t(layer)];
+  m.experts.resize(size_t(E));
+  for (int e = 0; e < E; ++e) {
+    std::string ep = fmt::format("{}.ffn.experts.{}", p, e);
+    m.experts[size_t(e)] = {bind_linear(b, ep + ".w1", I, D, ef), bind_linear(b, ep + ".w2", D, I, ef),
+                            bind_linear(b, ep + ".w3", I, D, ef)};
+  }
+  m.shared = {bind_linear(b, p + ".ffn.shared_experts.w1", I, D, lf), bind_linear(b, p + ".ffn.shared_experts.w2", D, I, lf),
+              bind_linear(b, p + ".ffn.shared_experts.w3", I, D, lf)};
+  return blk;
+}
+
+}  // namespace
+
+std::unique_ptr<ModelWeights> load_model_weights(const std::string& dir) {
+  auto mw = std::make_unique<ModelWeights>();
+  mw->config = load_model_config(dir);
+  const ModelConfig& c = mw->config;
+  mw->checkpoint = std::make_shared<Checkpoint>(dir);
+  TensorBinder b(*mw->checkpoint);
+  const int D = c.dim, V = c.vocab_size, hc = c.hc_mult;
+  mw->embed = b.bf16("embed.weight", {V, D});
+  mw->head = b.bf16("head.weight", {V, D});
+  mw->norm = b.bf16("norm.weight", {D});
+  mw->hc_head = {b.f32("hc_head_fn", {hc, hc * D}), b.f32("hc_head_base", {hc}), b.f32("hc_head_scale", {1})};
+  for (int l = 0; l < c.n_layers; ++l) mw->blocks.push_back(bind_block(b, fmt::format("layers.{}", l), c, l, false));
+  for (int m = 0; m < c.n_mtp_layers; ++m) {
+    std::string p = fmt::format("mtp.{}", m);
+    MtpWeights w;
+    w.block = bind_block(b, p, c, c.n_layers + m, true);
+    w.e_proj = bind_linear(b, p + ".e_proj", D, D, c.linear_format);
+    w.h_proj = bind_linear(b, p + ".h_proj", D, D, c.linear_format);
+    w.enorm = b.bf16(p + ".enorm.weight", {D});
+    w.hnorm = b.bf16(p + ".hnorm.weight", {D});
+    w.norm = b.bf16(p + ".norm.weight", {D});
+    w.hc_head = {b.f32(p + ".hc_head_fn", {hc, hc * D}), b.f32(p + ".hc_head_base", {hc}), b.f32(p + ".hc_head_scale", {1})};
+    mw->mtp.push_back(std::move(w));
+  }
+  for (auto& [name, t] : mw->checkpoint->tensors()) {
+    if (b.used().count(name)) continue;
+    // The MTP block's copies of the shared embedding and head (the reference's convert drops them).
+    if (name.find(".emb.tok_emb.weight") != std::string::npos || (name.rfind("mtp.", 0) == 0 && name.find(".head.weight") != std::string::npos))
+      continue;
+    mw->unused_tensors.push_back(name);
+  }
+  return mw;
+}
+
+}  // namespace dsv4

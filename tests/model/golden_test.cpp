@@ -1,0 +1,144 @@
+// Golden tests (tests/data/golden/README.md of each fixture says how they were made): per layer
+// teacher-forced, head and MTP on the golden final streams, indexer sets, end-to-end statistics,
+// batch invariance — all through the real loader and the dsv4 commands, on the CPU backend.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "test_util.h"
+
+namespace dsv4::test {
+namespace {
+
+namespace fs = std::filesystem;
+
+const std::string kData = DSV4_TEST_DATA "/golden";
+const std::string kTinyA = kData + "/tiny-a";
+const std::string kGolden = kTinyA + "/golden.safetensors";
+
+// tiny-a-nvfp4 holds only what differs from tiny-a: add tiny-a's first shard (non-expert tensors).
+std::string assemble_nvfp4() {
+  std::string dir = fresh_dir("tiny-a-nvfp4");
+  for (auto& e : fs::directory_iterator(kData + "/tiny-a-nvfp4")) fs::copy_file(e.path(), fs::path(dir) / e.path().filename());
+  fs::copy_file(kTinyA + "/model-00001-of-00002.safetensors", fs::path(dir) / "model-00001-of-00002.safetensors");
+  return dir;
+}
+
+struct LayerCheckCase {
+  std::string name, model;
+  int chunk;
+};
+
+class LayerCheck : public ::testing::TestWithParam<LayerCheckCase> {};
+
+TEST_P(LayerCheck, MatchesGoldenPerLayer) {
+  const auto& p = GetParam();
+  std::string model = p.model == "nvfp4" ? assemble_nvfp4() : kTinyA;
+  std::string dir = fresh_dir("layer_check_" + p.name);
+  std::string out = dir + "/out.safetensors", log = dir + "/log.txt";
+  std::string args = "layer-check --model " + model + " --golden " + kGolden + " --output " + out;
+  if (p.chunk) args += " --chunk " + std::to_string(p.chunk);
+  ASSERT_EQ(run_dsv4(args, log), 0) << read_text(log);
+  std::string text = read_text(log);
+  std::printf("%s\n", text.c_str());
+  if (p.model == "nvfp4") EXPECT_NE(text.find("nvfp4"), std::string::npos) << "the load log must name the NVFP4 experts";
+
+  SafetensorsFile ours(out), gold(kGolden);
+  auto& O = ours.tensors();
+  auto& G = gold.tensors();
+  EXPECT_EQ(floats(O.at("embed_out")), floats(G.at("embed_out"))) << "embedding must be exact";
+  for (int i = 0;; ++i) {
+    std::string name = "layer_out." + std::to_string(i);
+    if (!G.count(name)) break;
+    ASSERT_TRUE(O.count(name)) << name;
+    Stats s = compare(floats(O.at(name)), floats(G.at(name)), 1);
+    std::printf("%s: rel RMS %.3e (limit 3e-2)\n", name.c_str(), s.rel_rms);
+    EXPECT_LT(s.rel_rms, 0.03) << name;
+    std::string topk = "index_topk." + std::to_string(i), gtopk = "prefill_index_topk." + std::to_string(i);
+    if (G.count(gtopk)) {
+      ASSERT_TRUE(O.count(topk)) << topk;
+      const TensorRef &a = O.at(topk), &b = G.at(gtopk);
+      ASSERT_EQ(a.shape, b.shape);
+      const int64_t rows = a.shape[0], k = a.shape[1];
+      int64_t same = 0;
+      for (int64_t r = 0; r < rows; ++r) {
+        std::set<int32_t> x, y;
+        for (int64_t j = 0; j < k; ++j) {
+          if (a.as<int32_t>()[r * k + j] >= 0) x.insert(a.as<int32_t>()[r * k + j]);
+          if (b.as<int32_t>()[r * k + j] >= 0) y.insert(b.as<int32_t>()[r * k + j]);
+        }
+        same += x == y;
+      }
+      std::printf("%s: sets equal on %lld/%lld rows (limit 98%%)\n", topk.c_str(), (long long)same, (long long)rows);
+      EXPECT_GE(double(same), 0.98 * double(rows)) << topk;
+    }
+  }
+  Stats head = compare(floats(O.at("head_logits")), floats(G.at("prefill_logits")), size_t(G.at("prefill_logits").shape[1]));
+  std::printf("head_logits: max |d| %.3e (limit 0.05), argmax %.1f%%\n", head.max_abs, 100 * head.argmax);
+  EXPECT_LT(head.max_abs, 0.05);
+  ASSERT_TRUE(O.count("mtp_logits"));
+  Stats mtp = compare(floats(O.at("mtp_logits")), floats(G.at("mtp_logits")), size_t(G.at("mtp_logits").shape[1]));
+  std::printf("mtp_logits: rel RMS %.3e (limit 6e-2), argmax %.1f%%\n", mtp.rel_rms, 100 * mtp.argmax);
+  EXPECT_LT(mtp.rel_rms, 0.06);
+}
+
+INSTANTIATE_TEST_SUITE_P(TinyA, LayerCheck,
+                         ::testing::Values(LayerCheckCase{"mxfp4_whole", "mxfp4", 0}, LayerCheckCase{"mxfp4_chunk7", "mxfp4", 7},
+                                           LayerCheckCase{"mxfp4_chunk1", "mxfp4", 1},
+                                           LayerCheckCase{"nvfp4_whole", "nvfp4", 0}, LayerCheckCase{"nvfp4_chunk7", "nvfp4", 7},
+                                           LayerCheckCase{"nvfp4_chunk1", "nvfp4", 1}),
+                         [](const auto& info) { return info.param.name; });
+
+void check_end_to_end(const std::string& model, const std::string& tag) {
+  std::string dir = fresh_dir("e2e_" + tag), log = dir + "/log.txt";
+  ASSERT_EQ(run_dsv4("logits --model " + model + " --input " + kGolden + " --output-dir " + dir, log), 0) << read_text(log);
+  SafetensorsFile ours(dir + "/golden.safetensors"), gold(kGolden);
+  for (std::string name : {"prefill_logits", "decode_logits"}) {
+    const TensorRef& g = gold.tensors().at(name);
+    ASSERT_EQ(ours.tensors().at(name).shape, g.shape) << name;
+    Stats s = compare(floats(ours.tensors().at(name)), floats(g), size_t(g.shape[1]));
+    std::printf("%s %s: argmax %.1f%% (limit 60%%), median |d| %.4f = %.3f x std %.3f (limit 0.15), max |d| %.3f\n", tag.c_str(),
+                name.c_str(), 100 * s.argmax, s.median_abs, s.median_abs / s.ref_std, s.ref_std, s.max_abs);
+    EXPECT_GE(s.argmax, 0.60) << name;
+    EXPECT_LE(s.median_abs, 0.15 * s.ref_std) << name;
+  }
+}
+
+TEST(EndToEnd, TinyAMxfp4) { check_end_to_end(kTinyA, "mxfp4"); }
+TEST(EndToEnd, TinyANvfp4) { check_end_to_end(assemble_nvfp4(), "nvfp4"); }
+
+// A sequence's logits are bit-identical alone and in a batch with other sequences of different
+// lengths (prefill and decode mixed in each step).
+TEST(BatchInvariance, LogitsBitIdentical) {
+  std::string dir = fresh_dir("batch_invariance");
+  auto write_input = [&](const std::string& name, int prompt_len, int decode_len, int seed) {
+    std::vector<int32_t> p, d;
+    for (int i = 0; i < prompt_len; ++i) p.push_back(2 + (seed * 7919 + i * 104729) % 1000);
+    for (int i = 0; i < decode_len; ++i) d.push_back(2 + (seed * 31 + i * 613) % 1000);
+    std::vector<TensorOut> t{make_tensor_out("prompt_ids", DType::I32, {prompt_len}, p.data())};
+    if (decode_len) t.push_back(make_tensor_out("decode_ids", DType::I32, {decode_len}, d.data()));
+    write_safetensors(dir + "/" + name, t);
+    return dir + "/" + name;
+  };
+  std::string a = write_input("a.safetensors", 150, 12, 1), b = write_input("b.safetensors", 37, 20, 2),
+              c = write_input("c.safetensors", 260, 3, 3);
+  std::string log = dir + "/log.txt";
+  ASSERT_EQ(run_dsv4("logits --model " + kTinyA + " --input " + a + " --output-dir " + dir + "/alone", log), 0) << read_text(log);
+  ASSERT_EQ(run_dsv4("logits --model " + kTinyA + " --input " + b + " --input " + a + " --input " + c + " --output-dir " + dir +
+                         "/batched",
+                     log),
+            0)
+      << read_text(log);
+  SafetensorsFile alone(dir + "/alone/a.safetensors"), batched(dir + "/batched/a.safetensors");
+  for (std::string name : {"prefill_logits", "decode_logits"}) {
+    const TensorRef &x = alone.tensors().at(name), &y = batched.tensors().at(name);
+    ASSERT_EQ(x.nbytes, y.nbytes);
+    EXPECT_EQ(std::memcmp(x.data, y.data, x.nbytes), 0) << name << " differs between alone and batched";
+  }
+}
+
+}  // namespace
+}  // namespace dsv4::test
