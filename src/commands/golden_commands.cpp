@@ -93,7 +93,7 @@ double argmax_agreement(const float* a, const float* b, size_t rows, size_t V) {
 }  // namespace
 
 void run_logits_command(const std::string& model_dir, const std::vector<std::string>& inputs, const std::string& out_dir,
-                        const std::string& backend) {
+                        const std::string& backend, const std::string& dump_path) {
   auto m = load_model(model_dir, backend);
   const int V = m.model->config().vocab_size;
   struct Input {
@@ -119,7 +119,19 @@ void run_logits_command(const std::string& model_dir, const std::vector<std::str
     in.seq = m.model->new_sequence();
     batch.push_back({in.seq, in.prompt, true});
   }
+  std::vector<TensorOut> dumped;
+  if (!dump_path.empty())
+    m.model->dump = [&](const std::string& name, const Tensor& t) {
+      std::vector<uint8_t> host(t.nbytes());
+      m.backend->to_host(t, host.data());
+      dumped.push_back(make_tensor_out(name, t.dtype, t.shape, host.data()));
+    };
   StepOutput out = m.model->step(batch);
+  m.model->dump = nullptr;
+  if (!dump_path.empty()) {
+    write_safetensors(dump_path, dumped);
+    log_info("wrote {} intermediates of the prefill step to {}", dumped.size(), dump_path);
+  }
   for (size_t i = 0; i < ins.size(); ++i) {
     const float* first = out.logits.data() + out.row_of[i] * V;
     ins[i].prefill_logits.assign(first, first + ins[i].prompt.size() * size_t(V));

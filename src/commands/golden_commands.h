@@ -18,8 +18,10 @@ LoadedModel load_model(const std::string& dir, const std::string& backend_name);
 
 // `dsv4 logits`: all inputs in one batch; prefill logits for every prompt position, then one
 // teacher-forced decode step at a time.
+// With `dump_path`, every named intermediate of the prefill step (DESIGN §3.5: "embed_out-0",
+// "q-3", "attn_out-3", "moe_out-3", ...) is written there as one safetensors file.
 void run_logits_command(const std::string& model_dir, const std::vector<std::string>& inputs,
-                        const std::string& out_dir, const std::string& backend);
+                        const std::string& out_dir, const std::string& backend, const std::string& dump_path = "");
 
 // `dsv4 layer-check`: every block teacher-forced on the golden streams (fresh state, chunks of
 // `chunk` tokens, 0 = all), the head and MTP on the golden final streams; prints a table.

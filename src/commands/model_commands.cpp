@@ -177,15 +177,16 @@ void add_model_commands(CLI::App& app) {
   {
     auto* cmd = app.add_subcommand("logits", "Write prefill and teacher-forced decode logits for input files (one batch)");
     struct Args {
-      std::string model, out_dir, backend = "cpu";
+      std::string model, out_dir, backend = "cpu", dump;
       std::vector<std::string> inputs;
     };
     auto a = std::make_shared<Args>();
     cmd->add_option("--model", a->model, "Checkpoint directory")->required();
     cmd->add_option("--input", a->inputs, "safetensors with prompt_ids I32 [T] and optional decode_ids I32 [N]")->required();
     cmd->add_option("--output-dir", a->out_dir, "Where to write <input name> with prefill_logits / decode_logits")->required();
+    cmd->add_option("--dump", a->dump, "Write every named intermediate of the prefill step to this safetensors file");
     add_backend_option(cmd, a->backend);
-    cmd->callback([a] { run_logits_command(a->model, a->inputs, a->out_dir, a->backend); });
+    cmd->callback([a] { run_logits_command(a->model, a->inputs, a->out_dir, a->backend, a->dump); });
   }
   {
     auto* cmd = app.add_subcommand("layer-check", "Run each block teacher-forced on golden streams and compare per layer");
