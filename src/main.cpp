@@ -10,6 +10,7 @@
 int main(int argc, char** argv) {
   CLI::App app{"dsv4 - a DeepSeek-V4 inference engine"};
   app.require_subcommand(1);
+  app.fallthrough();  // global options (--threads, -q, -v) may also follow the command
   int threads = 0;
   bool quiet = false, verbose = false;
   app.add_option("--threads", threads, "CPU worker threads (default: all cores)");
