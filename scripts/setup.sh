@@ -8,7 +8,7 @@ build=${1:-build}
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
 pkgs=(cmake g++ make pkg-config nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libfmt-dev
-      libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev nodejs npm)
+      libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev nodejs npm clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 if [ ${#missing[@]} -gt 0 ]; then

@@ -44,7 +44,9 @@ TEST_P(LayerCheck, MatchesGoldenPerLayer) {
   ASSERT_EQ(run_dsv4(args, log), 0) << read_text(log);
   std::string text = read_text(log);
   std::printf("%s\n", text.c_str());
-  if (p.model == "nvfp4") EXPECT_NE(text.find("nvfp4"), std::string::npos) << "the load log must name the NVFP4 experts";
+  if (p.model == "nvfp4") {
+    EXPECT_NE(text.find("nvfp4"), std::string::npos) << "the load log must name the NVFP4 experts";
+  }
 
   SafetensorsFile ours(out), gold(kGolden);
   auto& O = ours.tensors();
