@@ -1,0 +1,144 @@
+// Routed-expert MoE with FP4 weights (MXFP4 or NVFP4) on the GPU: SPEC.md §3.7 with the experts'
+// GEMMs on tensor cores. Host API (all tensors on the device, no host sync, CUDA-graph capturable):
+//
+//   MoeFp4Weights weights(shape, experts_host, stream);      // once per layer, at load
+//   MoeWorkspace ws(shape, max_tokens, k);                     // once, sized for the largest batch
+//   moe_fp4_forward(weights, x, tokens, topk_ids, topk_weights, k, shared_or_null, out, ws, stream);
+//
+// out[t] = bf( Σ_j f32(y_{ids[t][j]}) + f32(shared[t]) ) with y_e as in SPEC §3.7 (bf16-rounded gate
+// and up outputs, clamped SwiGLU, routing weight applied before w2, bf16-rounded expert outputs).
+//
+// Weight layout ("unit" layout, read by the kernels in moe_fp4.cu). A matrix [R rows, K inputs] is cut
+// into units of 16 rows × 64 inputs (512 bytes of e2m1). Units are stored row-tile major, K-chunk minor,
+// so one warp streams a row tile's units as contiguous 512-byte pieces. Inside a unit, lane L = 4g + q
+// owns 16 bytes = four 32-bit words, word t being its A fragment of mma.m16n8k16 for K step t. The
+// mapping of the MMA's k index to the physical input index is permuted (a reduction index may be, as
+// long as the activations use the same mapping): for lane q and K step t the MMA positions 2q, 2q+1,
+// 2q+8, 2q+9 hold physical inputs 16q+4t+0..3. So a lane's 16 physical inputs are contiguous (its
+// activations load as two 16-byte vectors) and fall into one scale group (one scale per row per unit).
+// Word t, nibble i < 4 holds the low element of A register i and nibble i+4 its high element, where A
+// registers 0..3 are (row g, inputs +0/+1), (row g+8, +0/+1), (row g, +2/+3), (row g+8, +2/+3).
+// Fused gate-up: row tile r holds w1 rows 8r..8r+7 then w3 rows 8r..8r+7, so the thread that owns a
+// gate output also owns the matching up output and the SwiGLU runs in registers.
+//
+// Scales (one byte per row per group; units in the same order as the weights): NVFP4 64 bytes per
+// unit, byte (4g+q)·2 + h for row g+8h, group 4·kc+q; MXFP4 32 bytes per unit, byte (2g+q/2)·2 + h,
+// group 2·kc+q/2. The byte is re-encoded so that the kernel turns it into a bf16 scale with one
+// integer op (see moe_fp4_repack.cpp for the encodings and why they are exact).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+#include <vector>
+
+#include "backend/cpu/moe_fp4_reference.h"
+#include "backend/cuda/cuda_utils.h"
+
+namespace dsv4::cuda {
+
+constexpr int kMoeUnitRows = 16;
+constexpr int kMoeUnitCols = 64;
+constexpr int kMoeUnitBytes = kMoeUnitRows * kMoeUnitCols / 2;  // 512
+constexpr int moe_unit_scale_bytes(MoeFp4Format f) { return kMoeUnitRows * kMoeUnitCols / moe_fp4_group_size(f); }
+
+// Per (expert, matrix) f32 factor the kernels multiply into the accumulator: the repacked weights are
+// the true weights divided by this (an exact power-of-two shift, times weight_scale_2 for NVFP4).
+enum MoeFactor : int { kGateFactor = 0, kUpFactor = 1, kDownFactor = 2, kFactorsPerExpert = 3 };
+
+// One layer's routed experts in the unit layout, on the host (what the load-time repack produces).
+struct MoeFp4Repacked {
+  MoeFp4Shape shape;
+  std::vector<uint8_t> gate_up;         // E × [2I/16 × D/64 units × 512 B]
+  std::vector<uint8_t> gate_up_scales;  // E × [units × scale bytes]
+  std::vector<uint8_t> down;            // E × [D/16 × I/64 units × 512 B]
+  std::vector<uint8_t> down_scales;
+  std::vector<float> factors;           // E × kFactorsPerExpert
+};
+
+// Load-time repack of every expert's on-disk tensors (validates shapes and scale codes).
+MoeFp4Repacked moe_fp4_repack(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertTensors>& experts);
+
+// Un-does the repack for tests: the f32 weights [w1 | w3 | w2] of expert e that the kernels compute
+// with (repacked value × factor), each row-major: w1 [I, D], w3 [I, D], w2 [D, I].
+struct MoeFp4ExpertF32 {
+  std::vector<float> w1, w3, w2;
+};
+MoeFp4ExpertF32 moe_fp4_unrepack(const MoeFp4Repacked& repacked, int expert);
+
+// Device copy of a repacked layer.
+class MoeFp4Weights {
+ public:
+  MoeFp4Weights(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertTensors>& experts,
+                cudaStream_t stream = nullptr);
+  explicit MoeFp4Weights(const MoeFp4Repacked& repacked, cudaStream_t stream = nullptr);
+  // Uninitialised device buffers of the right sizes (benchmarks fill them on the device).
+  static MoeFp4Weights allocate(const MoeFp4Shape& shape);
+
+  const MoeFp4Shape& shape() const { return shape_; }
+  const uint8_t* gate_up() const { return gate_up_.get(); }
+  const uint8_t* gate_up_scales() const { return gate_up_scales_.get(); }
+  const uint8_t* down() const { return down_.get(); }
+  const uint8_t* down_scales() const { return down_scales_.get(); }
+  const float* factors() const { return factors_.get(); }
+  uint8_t* mutable_gate_up() { return gate_up_.get(); }
+  uint8_t* mutable_gate_up_scales() { return gate_up_scales_.get(); }
+  uint8_t* mutable_down() { return down_.get(); }
+  uint8_t* mutable_down_scales() { return down_scales_.get(); }
+  float* mutable_factors() { return factors_.get(); }
+  // Bytes one expert occupies (weights + scales), for bandwidth accounting.
+  size_t expert_bytes() const;
+
+ private:
+  explicit MoeFp4Weights(const MoeFp4Shape& shape);
+  MoeFp4Shape shape_;
+  DeviceBuffer<uint8_t> gate_up_, gate_up_scales_, down_, down_scales_;
+  DeviceBuffer<float> factors_;
+};
+
+// Scratch of one forward, sized for up to max_tokens tokens with k experts each.
+class MoeWorkspace {
+ public:
+  MoeWorkspace(const MoeFp4Shape& shape, int max_tokens, int k);
+  int max_tokens() const { return max_tokens_; }
+  int k() const { return k_; }
+
+  // Routing (moe_routing.cu): experts with at least one pair, compacted into "slots".
+  DeviceBuffer<int32_t> active_count;  // [1]
+  DeviceBuffer<int32_t> slot_expert;   // [E]
+  DeviceBuffer<int32_t> slot_begin;    // [E] offset into sorted_pairs
+  DeviceBuffer<int32_t> slot_count;    // [E]
+  DeviceBuffer<int32_t> sorted_pairs;  // [max_tokens·k] pair index t·k+j, grouped by expert
+  // Activations between the two GEMMs and per-pair expert outputs, indexed by pair t·k+j.
+  DeviceBuffer<uint16_t> hidden_act;   // [max_tokens·k, I] bf16
+  DeviceBuffer<uint16_t> expert_out;   // [max_tokens·k, D] bf16
+
+ private:
+  int max_tokens_ = 0, k_ = 0;
+};
+
+// Which kernel path runs the expert GEMMs. The choice is made in one place, moe_fp4_select_path().
+enum class MoeFp4Path : uint8_t {
+  W4A16Decode,   // bf16 mma.sync, weights on the M side, ≤ 8 tokens per expert per pass, pipelined loads
+  W4A16Batched,  // bf16 mma.sync, 32 tokens per pass (each dequantised weight used 4×)
+};
+MoeFp4Path moe_fp4_select_path(const MoeFp4Shape& shape, int tokens, int k);
+const char* moe_fp4_path_name(MoeFp4Path path);
+
+// The forward. x, shared_or_null, out: bf16 [tokens, D] (shared_or_null may be nullptr); topk_ids
+// int32 [tokens, k]; topk_weights f32 [tokens, k]. Pairs with ids outside [0, E) contribute nothing.
+void moe_fp4_forward(const MoeFp4Weights& weights, const uint16_t* x, int tokens, const int32_t* topk_ids,
+                     const float* topk_weights, int k, const uint16_t* shared_or_null, uint16_t* out,
+                     MoeWorkspace& ws, cudaStream_t stream);
+// Same, with the path forced (tests and benchmarks).
+void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& weights, const uint16_t* x, int tokens,
+                          const int32_t* topk_ids, const float* topk_weights, int k,
+                          const uint16_t* shared_or_null, uint16_t* out, MoeWorkspace& ws, cudaStream_t stream);
+
+// Routing-side kernels (moe_routing.cu).
+// Groups the tokens·k pairs by expert into ws (slots, sorted_pairs); one block, no host sync.
+void moe_route_pairs(const int32_t* topk_ids, int tokens, int k, int experts, MoeWorkspace& ws, cudaStream_t stream);
+// out[t] = bf( Σ_j expert_out[t·k+j] (in order of expert id) + shared[t] ).
+void moe_combine(const uint16_t* expert_out, const int32_t* topk_ids, int tokens, int k, int experts, int hidden,
+                 const uint16_t* shared_or_null, uint16_t* out, cudaStream_t stream);
+
+}  // namespace dsv4::cuda

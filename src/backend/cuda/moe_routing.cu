@@ -1,0 +1,145 @@
+// Routing-side kernels of the FP4 MoE: group the (token, expert) pairs of a top-k result by expert
+// (a counting sort in one block, graph-safe: everything stays on the device), and the final per-token
+// weighted sum of the expert outputs plus the shared expert's (SPEC.md §3.7). The routing weights are
+// already applied inside the gate-up GEMM's epilogue (before w2, as the reference does), so the
+// combine is a plain sum in the reference's order: experts by id, then the shared expert.
+#include <cuda_bf16.h>
+
+#include "backend/cuda/moe_fp4.h"
+#include "core/error.h"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kRouteThreads = 1024;  // one thread per expert in the scans: E ≤ 1024
+constexpr int kMaxK = 32;
+
+// Exclusive block-wide prefix sums of two counters at once; returns the totals in *total_a/*total_b.
+__device__ void block_exclusive_scan2(int& a, int& b, int* total_a, int* total_b) {
+  __shared__ int warp_a[32], warp_b[32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int ia = a, ib = b;
+  for (int d = 1; d < 32; d *= 2) {
+    int ta = __shfl_up_sync(0xffffffffu, ia, d), tb = __shfl_up_sync(0xffffffffu, ib, d);
+    if (lane >= d) ia += ta, ib += tb;
+  }
+  if (lane == 31) warp_a[warp] = ia, warp_b[warp] = ib;
+  __syncthreads();
+  if (warp == 0) {
+    int wa = warp_a[lane], wb = warp_b[lane];
+    for (int d = 1; d < 32; d *= 2) {
+      int ta = __shfl_up_sync(0xffffffffu, wa, d), tb = __shfl_up_sync(0xffffffffu, wb, d);
+      if (lane >= d) wa += ta, wb += tb;
+    }
+    warp_a[lane] = wa, warp_b[lane] = wb;  // inclusive over warps
+  }
+  __syncthreads();
+  int base_a = warp ? warp_a[warp - 1] : 0, base_b = warp ? warp_b[warp - 1] : 0;
+  a = base_a + ia - a;
+  b = base_b + ib - b;
+  *total_a = warp_a[31];
+  *total_b = warp_b[31];
+}
+
+__global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const int32_t* ids, int pairs, int experts,
+                                                                  int32_t* active_count, int32_t* slot_expert,
+                                                                  int32_t* slot_begin, int32_t* slot_count,
+                                                                  int32_t* sorted_pairs) {
+  __shared__ int count[kRouteThreads], cursor[kRouteThreads];
+  const int tid = threadIdx.x;
+  count[tid] = 0;
+  __syncthreads();
+  for (int p = tid; p < pairs; p += kRouteThreads) {
+    int e = ids[p];
+    if (e >= 0 && e < experts) atomicAdd(&count[e], 1);
+  }
+  __syncthreads();
+  const int c = tid < experts ? count[tid] : 0;
+  int offset = c, slot = c > 0 ? 1 : 0, total_pairs, active;
+  block_exclusive_scan2(offset, slot, &total_pairs, &active);
+  if (c > 0) {
+    slot_expert[slot] = tid;
+    slot_begin[slot] = offset;
+    slot_count[slot] = c;
+  }
+  // Slots past the active ones are marked empty, so a GEMM block needs one dependent load to start.
+  if (tid >= active && tid < experts) slot_expert[tid] = -1;
+  if (tid == 0) *active_count = active;
+  cursor[tid] = offset;
+  __syncthreads();
+  // Order inside an expert follows atomics: the GEMMs compute each pair's column independently, so the
+  // results do not depend on it.
+  for (int p = tid; p < pairs; p += kRouteThreads) {
+    int e = ids[p];
+    if (e >= 0 && e < experts) sorted_pairs[atomicAdd(&cursor[e], 1)] = p;
+  }
+}
+
+// One thread = 8 channels of one token.
+__global__ void moe_combine_kernel(const __nv_bfloat16* expert_out, const int32_t* ids, int k, int experts, int hidden,
+                                   const __nv_bfloat16* shared, __nv_bfloat16* out) {
+  const int t = blockIdx.y;
+  const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+  if (c0 >= hidden) return;
+  float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+  // Visit the k pairs in increasing (expert id, j): the key id·kMaxK + j is unique per pair.
+  int prev = -1;
+  for (int r = 0; r < k; ++r) {
+    int best = INT_MAX, best_j = -1;
+    for (int j = 0; j < k; ++j) {
+      int e = __ldg(&ids[t * k + j]);
+      if (e < 0 || e >= experts) continue;
+      int key = e * kMaxK + j;
+      if (key > prev && key < best) best = key, best_j = j;
+    }
+    if (best_j < 0) break;
+    prev = best;
+    uint4 v = __ldg(reinterpret_cast<const uint4*>(expert_out + (size_t(t) * k + best_j) * hidden + c0));
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 f = __bfloat1622float2(h[i]);
+      sum[2 * i] += f.x;
+      sum[2 * i + 1] += f.y;
+    }
+  }
+  if (shared) {
+    uint4 v = __ldg(reinterpret_cast<const uint4*>(shared + size_t(t) * hidden + c0));
+    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float2 f = __bfloat1622float2(h[i]);
+      sum[2 * i] += f.x;
+      sum[2 * i + 1] += f.y;
+    }
+  }
+  uint4 o;
+  __nv_bfloat162* ho = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ho[i] = __floats2bfloat162_rn(sum[2 * i], sum[2 * i + 1]);
+  *reinterpret_cast<uint4*>(out + size_t(t) * hidden + c0) = o;
+}
+
+}  // namespace
+
+void moe_route_pairs(const int32_t* topk_ids, int tokens, int k, int experts, MoeWorkspace& ws, cudaStream_t stream) {
+  if (experts > kRouteThreads) fail("moe_route_pairs: {} experts (at most {})", experts, kRouteThreads);
+  moe_route_kernel<<<1, kRouteThreads, 0, stream>>>(topk_ids, tokens * k, experts, ws.active_count.get(),
+                                                    ws.slot_expert.get(), ws.slot_begin.get(), ws.slot_count.get(),
+                                                    ws.sorted_pairs.get());
+  DSV4_CUDA_CHECK_LAUNCH();
+}
+
+void moe_combine(const uint16_t* expert_out, const int32_t* topk_ids, int tokens, int k, int experts, int hidden,
+                 const uint16_t* shared_or_null, uint16_t* out, cudaStream_t stream) {
+  if (k > kMaxK || hidden % 8) fail("moe_combine: k {} (at most {}) / hidden {} (multiple of 8)", k, kMaxK, hidden);
+  constexpr int kThreads = 128;
+  dim3 grid((hidden / 8 + kThreads - 1) / kThreads, tokens);
+  moe_combine_kernel<<<grid, kThreads, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(expert_out), topk_ids, k,
+                                                    experts, hidden,
+                                                    reinterpret_cast<const __nv_bfloat16*>(shared_or_null),
+                                                    reinterpret_cast<__nv_bfloat16*>(out));
+  DSV4_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsv4::cuda
