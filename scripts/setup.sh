@@ -8,9 +8,12 @@ build=${1:-build}
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
 pkgs=(cmake g++ make pkg-config nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libfmt-dev
-      libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev nodejs npm clang libclang-rt-14-dev)
+      libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev)
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
+# Node.js may come from elsewhere than Debian: only install it when the commands are missing.
+command -v node >/dev/null 2>&1 || missing+=(nodejs)
+command -v npm >/dev/null 2>&1 || missing+=(npm)
 if [ ${#missing[@]} -gt 0 ]; then
   echo "setup: installing ${missing[*]}"
   $SUDO apt-get update -qq
