@@ -5,6 +5,8 @@
 #   BIN_DIR   executables from scripts/gpu-build.sh (default gpu-bin); when it does not exist the
 #             script builds them first (needs cmake, nvcc and the Debian -dev packages).
 #   bench ops default: moe attention indexer ("none" skips benchmarks)
+# Every step runs under a time limit (DSV4_TEST_TIMEOUT, default 180 s; DSV4_BENCH_TIMEOUT, 240 s),
+# so a hung kernel costs one step, not the whole GPU session; exit status 124 marks a timeout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-gpu-bin}
@@ -25,20 +27,20 @@ for t in "$bin"/*_gpu_test; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
   start=$SECONDS
-  "$t" >"$out/$name.log" 2>&1
+  timeout "${DSV4_TEST_TIMEOUT:-180}" "$t" >"$out/$name.log" 2>&1
   rc=$?
   secs=$((SECONDS - start))
   summary+=("| $name | $( [ $rc = 0 ] && echo PASS || echo "FAIL ($rc)") | ${secs}s |")
   tail -n 3 "$out/$name.log"
   if command -v compute-sanitizer >/dev/null; then
-    compute-sanitizer --tool memcheck --error-exitcode 9 "$t" --gtest_filter='*Sanitizer*' >"$out/$name.memcheck.log" 2>&1
+    timeout "${DSV4_TEST_TIMEOUT:-180}" compute-sanitizer --tool memcheck --error-exitcode 9 "$t" --gtest_filter='*Sanitizer*' >"$out/$name.memcheck.log" 2>&1
     rc=$?
     summary+=("| $name memcheck | $( [ $rc = 0 ] && echo CLEAN || echo "ERRORS ($rc)") | |")
   fi
 done
 for op in "${ops[@]}"; do
   [ "$op" = none ] && continue
-  "$bin/dsv4" bench-ops "$op" 2>&1 | tee "$out/bench_$op.md"
+  timeout "${DSV4_BENCH_TIMEOUT:-240}" "$bin/dsv4" bench-ops "$op" 2>&1 | tee "$out/bench_$op.md"
   summary+=("| bench-ops $op | rc ${PIPESTATUS[0]} | |")
 done
 echo

@@ -1,0 +1,409 @@
+// Lightning-indexer scores (mma.sync bf16, FP4 keys dequantised in registers) and radix top-k.
+//
+// Scores: the MMA's M side is the keys ("swap AB": a query has 64 heads but thousands of keys), its
+// N side the 64 heads, K the 128 dims. The k order inside one m16n8k16 is free as long as A and B
+// agree, so thread `tig` feeds the dims of FP4 block `tig` (32tig … 32tig+31): one 16-byte load and
+// one scale per key row, and the per-block scale multiplies that thread's A values only. The 64 Q
+// columns stay in registers (B fragments) for every key tile of the warp.
+// Top-k: one CTA per query; two 8-bit histogram passes find the k-th largest bf16 score, a scan
+// collects the keys above it plus the lowest-index ties, a bitonic sort orders them.
+#include "backend/cuda/indexer_topk.h"
+
+#include <algorithm>
+
+#include "backend/kv_cache_layout.h"
+
+namespace dsv4::cuda {
+namespace {
+
+namespace kl = dsv4::kv_layout;
+constexpr int kDim = kl::kIndexDim;  // 128
+constexpr int kTileKeys = 16;
+constexpr int kScoreWarps = 4;
+constexpr int kScoreThreads = 32 * kScoreWarps;
+constexpr int kQRowBytes = kDim * 2 + 16;
+constexpr int kTopkThreads = 1024;
+
+struct ScoreParams {
+  IndexerArgs a;
+  uint16_t* scores;
+  int score_stride;
+  int32_t* histogram;  // [queries, 256] counts of the scores' high order-key byte (zeroed before)
+  int tiles_per_cta;
+};
+
+// bf16 bits → unsigned key whose order is the score order (−0 counts as +0).
+__device__ __forceinline__ uint32_t order_key(uint32_t u) {
+  if (u == 0x8000u) u = 0;
+  return (u & 0x8000u) ? (~u & 0xffffu) : (u | 0x8000u);
+}
+
+__device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
+  uint32_t d;
+  asm("prmt.b32 %0, %1, %2, %3;" : "=r"(d) : "r"(a), "r"(b), "r"(sel));
+  return d;
+}
+
+// Four e2m1 codes (16 bits, first value in the low nibble) times a power-of-two scale (bf16x2)
+// → two bf16x2. Magnitudes come from byte lookup tables (prmt), the signs are or-ed in, and the
+// scale multiply is exact.
+__device__ __forceinline__ void e2m1x4_to_bf16x4(uint32_t x, __nv_bfloat162 scale, uint32_t& lo_pair,
+                                                 uint32_t& hi_pair) {
+  // bf16 of {0, .5, 1, 1.5, 2, 3, 4, 6}: 0000 3f00 3f80 3fc0 4000 4040 4080 40c0.
+  constexpr uint32_t kLow0 = 0xc0800000u, kLow1 = 0xc0804000u;
+  constexpr uint32_t kHigh0 = 0x3f3f3f00u, kHigh1 = 0x40404040u;
+  const uint32_t idx = x & 0x7777u;
+  const uint32_t lo = prmt(kLow0, kLow1, idx), hi = prmt(kHigh0, kHigh1, idx);
+  uint32_t p0 = prmt(lo, hi, 0x5140u) | ((x & 0x8u) << 12) | ((x & 0x80u) << 24);
+  uint32_t p1 = prmt(lo, hi, 0x7362u) | ((x & 0x800u) << 4) | ((x & 0x8000u) << 16);
+  __nv_bfloat162 b0 = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&p0), scale);
+  __nv_bfloat162 b1 = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&p1), scale);
+  lo_pair = *reinterpret_cast<uint32_t*>(&b0);
+  hi_pair = *reinterpret_cast<uint32_t*>(&b1);
+}
+
+__device__ __forceinline__ __nv_bfloat162 e8m0_to_bf16x2(uint32_t e) {
+  const uint16_t bits = e == 0 ? uint16_t(0x0040) : uint16_t(e << 7);  // 2^(e-127) as bf16
+  const uint32_t two = uint32_t(bits) | (uint32_t(bits) << 16);
+  return *reinterpret_cast<const __nv_bfloat162*>(&two);
+}
+
+__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
+
+// Grid (key chunks, queries); each warp walks tiles of 16 keys of its CTA's chunk.
+__global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const ScoreParams p) {
+  const IndexerArgs& a = p.a;
+  const int query = blockIdx.y;
+  const int n = a.key_counts[query];
+  const int tile_begin = blockIdx.x * p.tiles_per_cta;
+  const int tile_end = min(tile_begin + p.tiles_per_cta, (n + kTileKeys - 1) / kTileKeys);
+  if (tile_begin >= tile_end) return;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+
+  __shared__ __align__(16) uint8_t q_smem[kIndexerHeads * kQRowBytes];
+  const uint4* q_src = reinterpret_cast<const uint4*>(a.q + size_t(query) * kIndexerHeads * kDim);
+  for (int i = threadIdx.x; i < kIndexerHeads * kDim / 8; i += kScoreThreads)
+    *reinterpret_cast<uint4*>(q_smem + (i / 16) * kQRowBytes + (i % 16) * 16) = q_src[i];
+  __syncthreads();
+  // B fragments for all 64 heads (n tiles) and 8 k steps: head nt·8+gid, dims 32tig+4s … +3.
+  uint32_t qb[8][8][2];
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      const uint2 v = *reinterpret_cast<const uint2*>(q_smem + (nt * 8 + gid) * kQRowBytes + (32 * tig + 4 * s) * 2);
+      qb[nt][s][0] = v.x;
+      qb[nt][s][1] = v.y;
+    }
+  float w[8][2];
+#pragma unroll
+  for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+    for (int e = 0; e < 2; ++e)
+      w[nt][e] = __bfloat162float(a.weights[size_t(query) * kIndexerHeads + nt * 8 + 2 * tig + e]);
+
+  __shared__ int hist[256];
+  for (int i = threadIdx.x; i < 256; i += kScoreThreads) hist[i] = 0;
+
+  const int32_t* table = a.block_table + size_t(a.query_seq[query]) * a.pages_stride;
+  uint16_t* out = p.scores + size_t(query) * p.score_stride;
+  // Key rows gid and gid+8 of a tile: block `tig` (16 B) and its scale; zeros past the key count.
+  auto load_tile = [&](int tile, uint4 (&data)[2], uint32_t (&scale)[2]) {
+    const int key0 = tile * kTileKeys;
+    const int64_t page_base = tile < tile_end ? int64_t(table[key0 / kl::kEntriesPerPage]) * kl::kEntriesPerPage : 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = key0 + gid + 8 * h;
+      data[h] = make_uint4(0, 0, 0, 0);
+      scale[h] = 127;
+      if (tile < tile_end && j < n) {
+        const int64_t g = page_base + j % kl::kEntriesPerPage;
+        data[h] = *reinterpret_cast<const uint4*>(a.key_pool + kl::index_fp4_data_offset(g) + tig * 16);
+        scale[h] = a.key_pool[kl::index_fp4_scale_offset(g) + tig];
+      }
+    }
+  };
+  uint4 data[2];
+  uint32_t scale_bits[2];
+  load_tile(tile_begin + warp, data, scale_bits);
+  __syncthreads();  // hist zeroed
+  for (int tile = tile_begin + warp; tile < tile_end; tile += kScoreWarps) {
+    const int key0 = tile * kTileKeys;
+    const uint4 cur[2] = {data[0], data[1]};
+    const __nv_bfloat162 scale[2] = {e8m0_to_bf16x2(scale_bits[0]), e8m0_to_bf16x2(scale_bits[1])};
+    load_tile(tile + kScoreWarps, data, scale_bits);  // prefetch: its latency overlaps this tile's MMAs
+    float acc[8][4];
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
+#pragma unroll
+    for (int s = 0; s < 8; ++s) {
+      uint32_t af[4];
+      const uint32_t w0 = s < 2 ? cur[0].x : s < 4 ? cur[0].y : s < 6 ? cur[0].z : cur[0].w;
+      const uint32_t w1 = s < 2 ? cur[1].x : s < 4 ? cur[1].y : s < 6 ? cur[1].z : cur[1].w;
+      e2m1x4_to_bf16x4((w0 >> (16 * (s & 1))) & 0xffffu, scale[0], af[0], af[2]);
+      e2m1x4_to_bf16x4((w1 >> (16 * (s & 1))) & 0xffffu, scale[1], af[1], af[3]);
+#pragma unroll
+      for (int nt = 0; nt < 8; ++nt) mma_bf16(acc[nt], af, qb[nt][s][0], qb[nt][s][1]);
+    }
+    // d = bf16(dot), ReLU, bf16(d · w_h), f32 head sum (starting from +0, so never −0), bf16.
+    float sum[2] = {0.f, 0.f};
+#pragma unroll
+    for (int nt = 0; nt < 8; ++nt)
+#pragma unroll
+      for (int e = 0; e < 2; ++e) {
+        sum[0] += round_bf16(fmaxf(round_bf16(acc[nt][e]), 0.f) * w[nt][e]);
+        sum[1] += round_bf16(fmaxf(round_bf16(acc[nt][2 + e]), 0.f) * w[nt][e]);
+      }
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 1);
+      sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
+      const int j = key0 + gid + 8 * h;
+      if (tig == 0 && j < n) {
+        const uint16_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(sum[h]));
+        out[j] = bits;
+        atomicAdd(&hist[order_key(bits) >> 8], 1);
+      }
+    }
+  }
+  __syncthreads();
+  for (int i = threadIdx.x; i < 256; i += kScoreThreads)
+    if (hist[i]) atomicAdd(&p.histogram[size_t(query) * 256 + i], hist[i]);
+}
+
+constexpr int kTopkWarps = kTopkThreads / 32;
+
+// Highest bin b of hist[0..256) with above + Σ_{>b} < k ≤ above + Σ_{≥b}, found by warp 0
+// (8 bins per lane, suffix sums by shuffles). Returns b, *count_above = above + Σ_{>b}.
+__device__ int find_bin_warp(const int* hist, int k, int above, int* count_above) {
+  const int lane = threadIdx.x % 32;
+  int local[8], mine = 0;  // lane l holds bins 255-8l … 248-8l (descending)
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    local[i] = hist[255 - 8 * lane - i];
+    mine += local[i];
+  }
+  int incl = mine;  // inclusive prefix over lanes (higher bins first)
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, incl, o);
+    if (lane >= o) incl += y;
+  }
+  int cum = above + incl - mine;
+  int found = -1, found_above = 0;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) {
+    if (found < 0 && cum + local[i] >= k) { found = 255 - 8 * lane - i; found_above = cum; }
+    cum += local[i];
+  }
+  const unsigned hit = __ballot_sync(0xffffffffu, found >= 0);
+  const int src = hit ? __ffs(hit) - 1 : 31;
+  *count_above = __shfl_sync(0xffffffffu, found_above, src);
+  return __shfl_sync(0xffffffffu, hit ? found : 0, src);
+}
+
+// One CTA per query. Warp w owns the contiguous score range [w·per, (w+1)·per) (per a multiple of
+// 8: one 16-byte load = 8 scores per lane), so index order = (warp, step, lane, element).
+__global__ void __launch_bounds__(kTopkThreads, 1) indexer_topk_kernel(const uint16_t* __restrict__ scores, int stride,
+                                                                    const int32_t* __restrict__ histogram,
+                                                                    const int32_t* __restrict__ key_counts, int k,
+                                                                    int32_t* __restrict__ topk) {
+  // The per-warp histograms are dead once the threshold is known; the candidates reuse their smem.
+  __shared__ __align__(16) unsigned char hist_or_cand[kTopkWarps * 256 * 4];
+  static_assert(kTopkWarps * 256 * 4 >= kIndexerMaxTopk * 8, "candidate buffer");
+  auto low_hist = reinterpret_cast<int(*)[256]>(hist_or_cand);
+  unsigned long long* cand = reinterpret_cast<unsigned long long*>(hist_or_cand);
+  __shared__ int sum_hist[256];
+  __shared__ int tie_offset[kTopkWarps];
+  __shared__ int shared_vals[4];
+  __shared__ int greater_count;
+  const int query = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int n = key_counts[query];
+  const uint16_t* sc = scores + size_t(query) * stride;
+  const int take = min(n, k);
+  const int per = (n + 8 * kTopkWarps - 1) / (8 * kTopkWarps) * 8;
+  const int w_begin = min(n, warp * per), w_end = min(n, w_begin + per);
+  auto load8 = [&](int i, uint32_t (&key)[8]) {  // i multiple of 8; keys past n → 0 (never taken)
+    const uint4 v = *reinterpret_cast<const uint4*>(sc + i);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const uint32_t word = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
+      key[e] = i + e < w_end ? order_key((word >> (16 * (e % 2))) & 0xffffu) : 0u;
+    }
+  };
+
+  // Threshold key (the k-th largest) and how many keys equal to it are taken, lowest indices first.
+  // n ≤ k: everything is taken (threshold −1).
+  int64_t threshold = -1;
+  int take_equal = 0;
+  if (tid == 0) greater_count = 0;
+  if (n > k) {
+    for (int i = tid; i < kTopkWarps * 256; i += kTopkThreads) (&low_hist[0][0])[i] = 0;
+    if (warp == 0) {
+      int above = 0;
+      const int high = find_bin_warp(histogram + size_t(query) * 256, k, 0, &above);
+      if (lane == 0) { shared_vals[0] = high; shared_vals[1] = above; }
+    }
+    __syncthreads();
+    const uint32_t high = shared_vals[0];
+    for (int i = w_begin + 8 * lane; i < w_end; i += 256) {  // no warp collectives: lanes may diverge
+      uint32_t key[8];
+      load8(i, key);
+#pragma unroll
+      for (int e = 0; e < 8; ++e)
+        if (i + e < w_end && (key[e] >> 8) == high) atomicAdd(&low_hist[warp][key[e] & 255], 1);
+    }
+    __syncthreads();
+    for (int b = tid; b < 256; b += kTopkThreads) {
+      int total = 0;
+      for (int w = 0; w < kTopkWarps; ++w) total += low_hist[w][b];
+      sum_hist[b] = total;
+    }
+    __syncthreads();
+    if (warp == 0) {
+      int above = 0;
+      const int low = find_bin_warp(sum_hist, k, shared_vals[1], &above);
+      // Ties before each warp's range: exclusive scan of the warps' counts of the threshold key.
+      int ties = low_hist[lane][low];
+      int incl = ties;
+      for (int o = 1; o < 32; o <<= 1) {
+        const int y = __shfl_up_sync(0xffffffffu, incl, o);
+        if (lane >= o) incl += y;
+      }
+      tie_offset[lane] = incl - ties;
+      if (lane == 0) { shared_vals[2] = low; shared_vals[3] = above; }
+    }
+    __syncthreads();
+    threshold = int64_t((high << 8) | uint32_t(shared_vals[2]));
+    take_equal = k - shared_vals[3];
+  }
+  __syncthreads();
+  const int total_greater = n > k ? k - take_equal : 0;
+  // Collect: keys above the threshold anywhere (sorted below), ties in index order.
+  int tie_base = n > k ? tie_offset[warp] : 0;
+  // Warp-uniform trip count: the tie ranks use full-warp shuffles.
+  for (int step = w_begin; step < w_end; step += 256) {
+    const int i = step + 8 * lane;
+    uint32_t key[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+    if (i < w_end) load8(i, key);
+    int ties = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      const bool valid = i + e < w_end;
+      if (valid && int64_t(key[e]) > threshold) {
+        const int at = atomicAdd(&greater_count, 1);
+        cand[at] = (static_cast<unsigned long long>(key[e]) << 32) | (~uint32_t(i + e));
+      }
+      ties += valid && int64_t(key[e]) == threshold;
+    }
+    int incl = ties;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    int rank = tie_base + incl - ties;
+#pragma unroll
+    for (int e = 0; e < 8; ++e)
+      if (i + e < w_end && int64_t(key[e]) == threshold) {
+        if (rank < take_equal)
+          cand[total_greater + rank] = (static_cast<unsigned long long>(key[e]) << 32) | (~uint32_t(i + e));
+        ++rank;
+      }
+    tie_base += __shfl_sync(0xffffffffu, incl, 31);
+  }
+  // Bitonic sort, descending (score, then lower index): strides ≥ 32 through smem, the rest in
+  // registers with shuffles. Padding (zeros) sorts last.
+  int padded = 32;
+  while (padded < take) padded <<= 1;
+  __syncthreads();
+  for (int i = take + tid; i < padded; i += kTopkThreads) cand[i] = 0;
+  __syncthreads();
+  for (int size = 2; size <= padded; size <<= 1) {
+    int stride2 = size / 2;
+    for (; stride2 >= 32; stride2 >>= 1) {
+      for (int i = tid; i < padded / 2; i += kTopkThreads) {
+        const int lo = 2 * i - (i & (stride2 - 1)), hi = lo + stride2;
+        const bool descending = (lo & size) == 0;
+        const unsigned long long x = cand[lo], y = cand[hi];
+        if ((x < y) == descending) { cand[lo] = y; cand[hi] = x; }
+      }
+      __syncthreads();
+    }
+    for (int base = 0; base < padded; base += kTopkThreads) {
+      const int e = base + tid;
+      if (base + warp * 32 < padded) {  // whole warps only (padded ≥ 32)
+        unsigned long long v = cand[e];
+        for (int s = stride2; s > 0; s >>= 1) {
+          const unsigned long long other = __shfl_xor_sync(0xffffffffu, v, s);
+          const bool keep_max = ((e & s) == 0) == ((e & size) == 0);
+          v = keep_max ? (v > other ? v : other) : (v < other ? v : other);
+        }
+        cand[e] = v;
+      }
+    }
+    __syncthreads();
+  }
+  for (int i = tid; i < k; i += kTopkThreads)
+    topk[size_t(query) * k + i] = i < take ? int32_t(~uint32_t(cand[i] & 0xffffffffu)) : -1;
+}
+
+int tiles_per_cta_for(const IndexerArgs& a) {
+  static int sms = [] {
+    int device = 0, count = 0;
+    DSV4_CUDA_CHECK(cudaGetDevice(&device));
+    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+  }();
+  // Aim at about 2 CTAs per SM over the whole batch; a CTA handles tiles_per_cta tiles of 16 keys.
+  const int64_t tiles = int64_t(a.num_queries) * ((a.max_keys + kTileKeys - 1) / kTileKeys);
+  const int64_t per = (tiles + 2 * sms - 1) / (2 * sms);
+  return int(std::clamp<int64_t>((per + kScoreWarps - 1) / kScoreWarps * kScoreWarps, kScoreWarps, 256));
+}
+
+}  // namespace
+
+IndexerWorkspace::IndexerWorkspace(int max_queries, int max_keys)
+    : max_queries_(max_queries),
+      max_keys_(max_keys),
+      score_stride_((max_keys + 7) / 8 * 8),
+      scores_(size_t(max_queries) * score_stride_),
+      histogram_(size_t(max_queries) * 256) {}
+
+int indexer_score_ctas(const IndexerArgs& a) {
+  const int tiles = (a.max_keys + kTileKeys - 1) / kTileKeys;
+  return (tiles + tiles_per_cta_for(a) - 1) / tiles_per_cta_for(a) * a.num_queries;
+}
+
+void indexer_scores(const IndexerWorkspace& ws, const IndexerArgs& a, cudaStream_t stream) {
+  DSV4_CHECK(a.num_queries <= ws.max_queries() && a.max_keys <= ws.max_keys(),
+             "indexer: {} queries × {} keys exceed the workspace", a.num_queries, a.max_keys);
+  if (a.num_queries == 0 || a.max_keys == 0) return;
+  DSV4_CUDA_CHECK(cudaMemsetAsync(ws.histogram(), 0, size_t(a.num_queries) * 256 * sizeof(int32_t), stream));
+  ScoreParams p{a, ws.scores(), ws.score_stride(), ws.histogram(), tiles_per_cta_for(a)};
+  const int tiles = (a.max_keys + kTileKeys - 1) / kTileKeys;
+  dim3 grid((tiles + p.tiles_per_cta - 1) / p.tiles_per_cta, a.num_queries);
+  indexer_score_kernel<<<grid, kScoreThreads, 0, stream>>>(p);
+  DSV4_CUDA_CHECK_LAUNCH();
+}
+
+void indexer_select_topk(const IndexerWorkspace& ws, const IndexerArgs& a, cudaStream_t stream) {
+  DSV4_CHECK(a.k >= 1 && a.k <= kIndexerMaxTopk, "indexer: k = {} outside 1 … {}", a.k, kIndexerMaxTopk);
+  if (a.num_queries == 0) return;
+  indexer_topk_kernel<<<a.num_queries, kTopkThreads, 0, stream>>>(ws.scores(), ws.score_stride(), ws.histogram(),
+                                                                  a.key_counts, a.k, a.topk);
+  DSV4_CUDA_CHECK_LAUNCH();
+}
+
+void indexer_topk(const IndexerWorkspace& ws, const IndexerArgs& a, cudaStream_t stream) {
+  indexer_scores(ws, a, stream);
+  indexer_select_topk(ws, a, stream);
+}
+
+}  // namespace dsv4::cuda

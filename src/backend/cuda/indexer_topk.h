@@ -1,0 +1,62 @@
+// Lightning indexer (SPEC §3.5) on the FP4 indexer-key cache (backend/kv_cache_layout.h): per query
+// token, bf16 scores over every available compressed key, then the top-k (ties → lower index) in
+// descending-score order. Device pointers in, no host synchronisation, CUDA-graph capturable.
+// Numerics are those of cpu/indexer_reference.h: per head d = bf16(f32 dot), r = max(d, 0),
+// prod = bf16(r · w_h), score = bf16(Σ_h prod in f32). (The f32 head sum is a tree here and a
+// sequential loop on the CPU; both are exact whenever the 64 products lie within 2^16 of each other.)
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_utils.h"
+
+namespace dsv4::cuda {
+
+inline constexpr int kIndexerHeads = 64;
+inline constexpr int kIndexerMaxTopk = 2048;
+
+struct IndexerArgs {
+  const __nv_bfloat16* q = nullptr;        // [num_queries, 64, 128] (rotated, FP4-simulated)
+  const __nv_bfloat16* weights = nullptr;  // [num_queries, 64] head weights (already scaled)
+  const uint8_t* key_pool = nullptr;       // FP4 indexer-key pages
+  const int32_t* block_table = nullptr;    // [num_seqs, pages_stride] page ids of each sequence's keys
+  int pages_stride = 0;
+  const int32_t* query_seq = nullptr;      // [num_queries] block-table row of each query
+  const int32_t* key_counts = nullptr;     // [num_queries] keys visible to each query (floor((pos+1)/4))
+  int num_queries = 0;
+  int max_keys = 0;                        // upper bound of key_counts (sizes the launch)
+  int k = 512;                             // 1 … 2048
+  int32_t* topk = nullptr;                 // [num_queries, k] key numbers, −1 padded
+};
+
+// Scratch for up to max_queries × max_keys: bf16 scores (row stride score_stride(), a multiple of
+// 8) and a 256-bin histogram per query of the scores' high order-key byte (first radix pass).
+class IndexerWorkspace {
+ public:
+  IndexerWorkspace(int max_queries, int max_keys);
+  uint16_t* scores() const { return scores_.get(); }
+  int score_stride() const { return score_stride_; }
+  int32_t* histogram() const { return histogram_.get(); }
+  int max_queries() const { return max_queries_; }
+  int max_keys() const { return max_keys_; }
+
+ private:
+  int max_queries_, max_keys_, score_stride_;
+  DeviceBuffer<uint16_t> scores_;
+  DeviceBuffer<int32_t> histogram_;
+};
+
+// Scores then top-k.
+void indexer_topk(const IndexerWorkspace& ws, const IndexerArgs& args, cudaStream_t stream);
+
+// The two stages separately (benchmarks, tests). Scores land in ws.scores() as bf16 bits,
+// row stride ws.score_stride(); the top-k stage needs the scores stage's histogram.
+void indexer_scores(const IndexerWorkspace& ws, const IndexerArgs& args, cudaStream_t stream);
+void indexer_select_topk(const IndexerWorkspace& ws, const IndexerArgs& args, cudaStream_t stream);
+
+// CTAs the score kernel launches for these arguments ("SMs busy" in the benchmark).
+int indexer_score_ctas(const IndexerArgs& args);
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,114 @@
+// DeepSeek-V4 sparse attention with sink at decode (SPEC §3.6) over the FP8 paged KV cache
+// (backend/kv_cache_layout.h): split-KV tensor-core kernel, its device-side scheduling plan and the
+// combine step. Device pointers in and out, no host synchronisation, CUDA-graph capturable.
+//
+// Per step the model calls:
+//   build_sparse_mla_lists(...)            once per layer kind (SWA / CSA / HCA): entry lists
+//   plan.compute(list_lengths, T, stream)  once per layer kind: split plan, reused by its layers
+//   sparse_mla_decode(plan, args, stream)  per layer
+// Numerics follow the reference kernel (cpu/sparse_mla_reference.h): f32 scores, online softmax in
+// f32 over blocks of 64 list positions, probabilities rounded to bf16 before P·V, f32 accumulation,
+// bf16 output. Split boundaries fall on those 64-position blocks; the combine rescales exactly.
+#pragma once
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+#include "backend/cuda/cuda_utils.h"
+
+namespace dsv4::cuda {
+
+// Sizes fixed when a plan is made (per batch-size bucket of a captured graph).
+struct SparseMlaShape {
+  int max_queries = 1;    // query tokens per call (batch × s_q), upper bound
+  int n_heads = 64;       // 64, or 32 / 16 on tensor-parallel ranks
+  int heads_per_cta = 0;  // 16, 32 or 64 (≤ n_heads); 0 = chosen from max_queries
+  bool split_kv = true;   // false: one CTA per (query, head group) over its whole list (baseline)
+  bool fused_combine = true;  // the last CTA of a split job merges its partials (else a combine kernel)
+};
+
+// The device-side schedule (FlashMLA-style metadata) and the split partials. Work unit = one
+// 64-position block of one (query, head group) job; CTA c of a fixed grid takes units
+// [c·P, (c+1)·P) of the concatenated jobs, P = ceil(total / grid). Jobs cut by a CTA boundary
+// write f32 partials that the combine kernel merges.
+class SparseMlaPlan {
+ public:
+  explicit SparseMlaPlan(const SparseMlaShape& shape);
+  SparseMlaPlan(const SparseMlaPlan&) = delete;
+  SparseMlaPlan& operator=(const SparseMlaPlan&) = delete;
+
+  // Computes the schedule on the device from the list lengths (device [num_queries], nullptr =
+  // every list walked to list_stride). Reusable by every layer whose lists have these lengths.
+  void compute(const int32_t* list_lengths, int num_queries, int list_stride, cudaStream_t stream);
+
+  const SparseMlaShape& shape() const { return shape_; }
+  int heads_per_cta() const { return heads_per_cta_; }
+  int grid_ctas() const { return grid_ctas_; }  // CTAs the decode kernel launches ("SMs busy" bound)
+
+  // Device state used by the kernels.
+  struct View {
+    const int32_t* meta;         // [0] units per CTA, [1] total units
+    const int32_t* job_unit_start;   // [jobs + 1]
+    const int32_t* job_first_piece;  // [jobs + 1]
+    float* partial_acc;          // [max_pieces, heads_per_cta, 512]
+    float2* partial_ml;          // [max_pieces, heads_per_cta] (running max, sum)
+    int32_t* job_done;           // [jobs] pieces finished (fused combine); the last CTA resets it to 0
+    int num_jobs;
+  };
+  View view() const;
+
+ private:
+  SparseMlaShape shape_;
+  int heads_per_cta_ = 64;
+  int grid_ctas_ = 0;
+  int num_jobs_ = 0;
+  DeviceBuffer<int32_t> meta_, job_unit_start_, job_first_piece_, job_done_;
+  DeviceBuffer<float> partial_acc_;
+  DeviceBuffer<float2> partial_ml_;
+};
+
+struct SparseMlaArgs {
+  const __nv_bfloat16* q = nullptr;      // [num_queries, n_heads, 512]
+  const uint8_t* window_pool = nullptr;  // KV pool for list positions [0, window_len)
+  const uint8_t* compressed_pool = nullptr;  // KV pool for the rest (may equal window_pool)
+  const int32_t* lists = nullptr;        // [num_queries, list_stride] global entry ids, −1 = none
+  const int32_t* list_lengths = nullptr; // [num_queries] or nullptr (= list_stride); must match the plan's
+  int list_stride = 0;
+  int window_len = 128;
+  const float* sink = nullptr;           // [n_heads] attention-sink logits
+  float scale = 0.044194173824159216f;   // 512^-0.5
+  __nv_bfloat16* out = nullptr;          // [num_queries, n_heads, 512]
+  int num_queries = 0;
+};
+
+// Attention for every query token (the plan must have been computed for these lengths).
+void sparse_mla_decode(const SparseMlaPlan& plan, const SparseMlaArgs& args, cudaStream_t stream);
+
+// Which compressed entries the lists hold after the 128-position window (SPEC §3.6).
+enum class SparseMlaCompressed { None, Selected, All };
+
+// Builds the entry lists of SPEC §3.6 on the device (twin of cpu::build_sparse_mla_lists_reference):
+// positions [0,128) = window positions max(0,i−127)…i ascending (ring slot = position mod
+// window_pages·64), then compressed_capacity positions: Selected = topk entry numbers mapped through
+// the compressed block table, All = entries 0 … floor((i+1)/ratio)−1; −1 padded.
+// lengths[t] = 128 + compressed entries used. lists: [num_queries, 128 + compressed_capacity].
+struct SparseMlaListArgs {
+  int num_queries = 0;
+  const int32_t* query_seq = nullptr;   // [num_queries]
+  const int32_t* query_pos = nullptr;   // [num_queries]
+  const int32_t* window_block_table = nullptr;  // [num_seqs, window_pages]
+  int window_pages = 2;
+  const int32_t* compressed_block_table = nullptr;  // [num_seqs, compressed_pages_stride]
+  int compressed_pages_stride = 0;
+  SparseMlaCompressed set = SparseMlaCompressed::None;
+  const int32_t* topk = nullptr;  // Selected: [num_queries, topk_stride]
+  int topk_stride = 0;
+  int ratio = 4;
+  int compressed_capacity = 0;
+  int32_t* lists = nullptr;
+  int32_t* lengths = nullptr;
+};
+void build_sparse_mla_lists(const SparseMlaListArgs& args, cudaStream_t stream);
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,175 @@
+// Device-side scheduling for the sparse-MLA decode kernel (one small kernel, FlashMLA-style, whose
+// output every layer with the same list lengths reuses) and the builder of the per-query entry lists.
+#include <algorithm>
+
+#include "backend/cuda/sparse_mla_decode.h"
+#include "backend/kv_cache_layout.h"
+
+namespace dsv4::cuda {
+
+// Shared with sparse_mla_decode.cu (its smem size decides how many CTAs fit on one SM).
+int sparse_mla_ctas_per_sm(int heads_per_cta);
+
+namespace {
+
+namespace kl = dsv4::kv_layout;
+constexpr int kBlock = 64;
+constexpr int kWindow = 128;
+constexpr int kPlanThreads = 1024;
+
+// Exclusive scan of one int per thread over the block; returns the thread's offset, *total = sum.
+__device__ int block_exclusive_scan(int v, int* total) {
+  __shared__ int warp_sums[kPlanThreads / 32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  int x = v;
+  for (int o = 1; o < 32; o <<= 1) {
+    const int y = __shfl_up_sync(0xffffffffu, x, o);
+    if (lane >= o) x += y;
+  }
+  if (lane == 31) warp_sums[warp] = x;
+  __syncthreads();
+  if (warp == 0) {
+    int w = warp_sums[lane];
+    for (int o = 1; o < 32; o <<= 1) {
+      const int y = __shfl_up_sync(0xffffffffu, w, o);
+      if (lane >= o) w += y;
+    }
+    warp_sums[lane] = w;  // inclusive
+  }
+  __syncthreads();
+  const int before = (warp ? warp_sums[warp - 1] : 0) + x - v;
+  *total = warp_sums[kPlanThreads / 32 - 1];
+  __syncthreads();  // warp_sums is reused by the next call
+  return before;
+}
+
+// One CTA. Thread t owns the contiguous job range [t·per, (t+1)·per) so both scans keep job order.
+__global__ void __launch_bounds__(kPlanThreads) sparse_mla_plan_kernel(
+    const int32_t* __restrict__ list_lengths, int num_queries, int list_stride, int head_groups, int grid_ctas,
+    int32_t* __restrict__ meta, int32_t* __restrict__ job_unit_start, int32_t* __restrict__ job_first_piece) {
+  const int jobs = num_queries * head_groups;
+  const int per = (jobs + kPlanThreads - 1) / kPlanThreads;
+  const int j0 = min(jobs, int(threadIdx.x) * per), j1 = min(jobs, j0 + per);
+  auto units_of = [&](int job) {
+    const int q = job / head_groups;
+    const int len = list_lengths ? min(list_lengths[q], list_stride) : list_stride;
+    return max(1, (len + kBlock - 1) / kBlock);  // an empty list still writes its (zero) output
+  };
+  int mine = 0;
+  for (int j = j0; j < j1; ++j) mine += units_of(j);
+  int total_units = 0;
+  const int unit0 = block_exclusive_scan(mine, &total_units);
+  const int per_cta = max(1, (total_units + grid_ctas - 1) / grid_ctas);
+  // Pieces of a job = the CTAs its unit range touches.
+  int pieces = 0;
+  for (int j = j0, u = unit0; j < j1; ++j) {
+    const int n = units_of(j);
+    pieces += (u + n - 1) / per_cta - u / per_cta + 1;
+    u += n;
+  }
+  int total_pieces = 0;
+  const int piece0 = block_exclusive_scan(pieces, &total_pieces);
+  for (int j = j0, u = unit0, p = piece0; j < j1; ++j) {
+    const int n = units_of(j);
+    job_unit_start[j] = u;
+    job_first_piece[j] = p;
+    p += (u + n - 1) / per_cta - u / per_cta + 1;
+    u += n;
+  }
+  if (threadIdx.x == 0) {
+    job_unit_start[jobs] = total_units;
+    job_first_piece[jobs] = total_pieces;
+    meta[0] = per_cta;
+    meta[1] = total_units;
+  }
+}
+
+__global__ void build_sparse_mla_lists_kernel(SparseMlaListArgs a) {
+  const int stride = kWindow + a.compressed_capacity;
+  const int t = blockIdx.y;
+  const int seq = a.query_seq[t], pos = a.query_pos[t];
+  const int ring = a.window_pages * kl::kEntriesPerPage;
+  int avail = 0;
+  if (a.set == SparseMlaCompressed::Selected) avail = min(min(a.topk_stride, a.compressed_capacity), (pos + 1) / a.ratio);
+  if (a.set == SparseMlaCompressed::All) avail = min(a.compressed_capacity, (pos + 1) / a.ratio);
+  for (int i = blockIdx.x * blockDim.x + threadIdx.x; i < stride; i += gridDim.x * blockDim.x) {
+    int32_t g = -1;
+    if (i < kWindow) {
+      const int p = max(0, pos - (kWindow - 1)) + i;
+      if (p <= pos) {
+        const int slot = p % ring;
+        g = a.window_block_table[size_t(seq) * a.window_pages + slot / kl::kEntriesPerPage] * kl::kEntriesPerPage +
+            slot % kl::kEntriesPerPage;
+      }
+    } else {
+      const int c = i - kWindow;
+      int j = -1;
+      if (a.set == SparseMlaCompressed::Selected && c < a.topk_stride) j = a.topk[size_t(t) * a.topk_stride + c];
+      if (a.set == SparseMlaCompressed::All && c < avail) j = c;
+      if (j >= 0)
+        g = a.compressed_block_table[size_t(seq) * a.compressed_pages_stride + j / kl::kEntriesPerPage] *
+                kl::kEntriesPerPage + j % kl::kEntriesPerPage;
+    }
+    a.lists[size_t(t) * stride + i] = g;
+  }
+  if (blockIdx.x == 0 && threadIdx.x == 0) a.lengths[t] = kWindow + avail;
+}
+
+}  // namespace
+
+SparseMlaPlan::SparseMlaPlan(const SparseMlaShape& shape) : shape_(shape) {
+  DSV4_CHECK(shape.n_heads == 16 || shape.n_heads == 32 || shape.n_heads == 64,
+             "sparse MLA: n_heads must be 16, 32 or 64, got {}", shape.n_heads);
+  heads_per_cta_ = shape.heads_per_cta;
+  if (heads_per_cta_ == 0) {
+    // Small batches: smaller head groups put more CTAs on the GPU (each keeps a 16-head warp tile).
+    heads_per_cta_ = shape.max_queries >= 8 ? 64 : shape.max_queries >= 2 ? 32 : 16;
+  }
+  heads_per_cta_ = std::min(heads_per_cta_, shape.n_heads);
+  DSV4_CHECK(heads_per_cta_ == 16 || heads_per_cta_ == 32 || heads_per_cta_ == 64,
+             "sparse MLA: heads_per_cta must be 16, 32 or 64");
+  const int head_groups = shape.n_heads / heads_per_cta_;
+  num_jobs_ = shape.max_queries * head_groups;
+  int device = 0, sms = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&device));
+  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int ctas_per_sm = sparse_mla_ctas_per_sm(heads_per_cta_);  // also sets the smem limit
+  grid_ctas_ = shape.split_kv ? sms * ctas_per_sm : num_jobs_;
+  meta_ = DeviceBuffer<int32_t>(2);
+  job_unit_start_ = DeviceBuffer<int32_t>(num_jobs_ + 1);
+  job_first_piece_ = DeviceBuffer<int32_t>(num_jobs_ + 1);
+  job_done_ = DeviceBuffer<int32_t>(num_jobs_);
+  job_done_.fill_bytes(0);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any capture
+  if (shape.split_kv) {
+    // Pieces ≤ Σ_j (units_j / P + 1) ≤ grid + jobs.
+    const size_t max_pieces = size_t(grid_ctas_) + num_jobs_;
+    partial_acc_ = DeviceBuffer<float>(max_pieces * heads_per_cta_ * kl::kHeadDim);
+    partial_ml_ = DeviceBuffer<float2>(max_pieces * heads_per_cta_);
+  }
+}
+
+void SparseMlaPlan::compute(const int32_t* list_lengths, int num_queries, int list_stride, cudaStream_t stream) {
+  DSV4_CHECK(num_queries <= shape_.max_queries, "sparse MLA plan: {} queries > max {}", num_queries,
+             shape_.max_queries);
+  if (!shape_.split_kv) return;  // the unsplit kernel maps CTA = job
+  sparse_mla_plan_kernel<<<1, kPlanThreads, 0, stream>>>(list_lengths, num_queries, list_stride,
+                                                          shape_.n_heads / heads_per_cta_, grid_ctas_, meta_.get(),
+                                                          job_unit_start_.get(), job_first_piece_.get());
+  DSV4_CUDA_CHECK_LAUNCH();
+}
+
+SparseMlaPlan::View SparseMlaPlan::view() const {
+  return View{meta_.get(),       job_unit_start_.get(), job_first_piece_.get(), partial_acc_.get(),
+              partial_ml_.get(), job_done_.get(),        num_jobs_};
+}
+
+void build_sparse_mla_lists(const SparseMlaListArgs& args, cudaStream_t stream) {
+  if (args.num_queries <= 0) return;
+  const int stride = kWindow + args.compressed_capacity;
+  dim3 grid((stride + 255) / 256, args.num_queries);
+  build_sparse_mla_lists_kernel<<<grid, 256, 0, stream>>>(args);
+  DSV4_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,161 @@
+// Lightning-indexer scores and top-k on the GPU against the CPU reference (cpu/indexer_reference.h)
+// on fresh random FP4-simulated data: the bf16 scores must agree and the selected sets must be
+// equal (ties → lower index), in descending-score order; outputs are poisoned first.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+#include <random>
+#include <set>
+#include <vector>
+
+#include "backend/cpu/indexer_reference.h"
+#include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/indexer_topk.h"
+#include "backend/kv_cache_layout.h"
+#include "core/dtypes.h"
+
+namespace dsv4::cuda {
+namespace {
+
+namespace kl = dsv4::kv_layout;
+
+std::mt19937& rng() {
+  static std::mt19937 gen = [] {
+    const unsigned seed = std::random_device{}();
+    std::printf("indexer_gpu_test seed %u\n", seed);
+    return std::mt19937(seed);
+  }();
+  return gen;
+}
+
+// bf16 vector of 128 through the FP4 simulation (SPEC §2.6), via the cache codec.
+void fp4_simulated(float* v, float magnitude) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int i = 0; i < 128; ++i) v[i] = round_bf16(nd(rng()) * magnitude);
+  uint8_t packed[64], scales[4];
+  kl::encode_index_key_fp4(v, packed, scales);
+  kl::decode_index_key_fp4(packed, scales, v);
+}
+
+void run_case(const std::vector<int>& key_counts, int k) {
+  const int T = int(key_counts.size());  // one sequence per query
+  const int max_keys = std::max(1, *std::max_element(key_counts.begin(), key_counts.end()));
+  const int pages_per_seq = (max_keys + kl::kEntriesPerPage - 1) / kl::kEntriesPerPage;
+  const int pool_pages = T * pages_per_seq + 1;
+  std::vector<int32_t> perm(pool_pages);
+  std::iota(perm.begin(), perm.end(), 0);
+  std::shuffle(perm.begin(), perm.end(), rng());
+  std::vector<int32_t> table(size_t(T) * pages_per_seq), query_seq(T);
+  for (size_t i = 0; i < table.size(); ++i) table[i] = perm[i];
+  std::iota(query_seq.begin(), query_seq.end(), 0);
+
+  std::vector<uint8_t> pool(size_t(pool_pages) * kl::kIndexFp4PageBytes, 0xcd);
+  std::vector<float> v(128);
+  for (int64_t g = 0; g < int64_t(pool_pages) * kl::kEntriesPerPage; ++g) {
+    fp4_simulated(v.data(), 1.0f);
+    kl::encode_index_key_fp4_at(pool.data(), g, v.data());
+  }
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::vector<uint16_t> q(size_t(T) * 64 * 128), w(size_t(T) * 64);
+  for (int t = 0; t < T; ++t)
+    for (int h = 0; h < 64; ++h) {
+      fp4_simulated(v.data(), 2.0f);
+      for (int d = 0; d < 128; ++d) q[(size_t(t) * 64 + h) * 128 + d] = f32_to_bf16(v[d]);
+      w[size_t(t) * 64 + h] = f32_to_bf16(nd(rng()) * 0.05f);
+    }
+
+  cpu::IndexerBatch b;
+  b.num_queries = T;
+  b.q = q.data();
+  b.weights = w.data();
+  b.key_pool = pool.data();
+  b.block_table = table.data();
+  b.pages_stride = pages_per_seq;
+  b.query_seq = query_seq.data();
+  b.key_counts = key_counts.data();
+  std::vector<int32_t> want(size_t(T) * k);
+  std::vector<float> want_scores(size_t(T) * max_keys, 0.f);
+  cpu::indexer_topk_reference(b, k, want.data(), want_scores.data(), max_keys);
+
+  Stream stream;
+  DeviceBuffer<uint8_t> d_pool(pool.size());
+  d_pool.upload(pool, stream.get());
+  DeviceBuffer<int32_t> d_table(table.size()), d_seq(T), d_counts(T), d_topk(size_t(T) * k);
+  d_table.upload(table, stream.get());
+  d_seq.upload(query_seq, stream.get());
+  d_counts.upload(key_counts, stream.get());
+  d_topk.fill_bytes(0x7f, stream.get());
+  DeviceBuffer<__nv_bfloat16> d_q(q.size()), d_w(w.size());
+  d_q.upload(reinterpret_cast<const __nv_bfloat16*>(q.data()), q.size(), stream.get());
+  d_w.upload(reinterpret_cast<const __nv_bfloat16*>(w.data()), w.size(), stream.get());
+  IndexerWorkspace ws(T, max_keys);
+  DSV4_CUDA_CHECK(cudaMemsetAsync(ws.scores(), 0xff, size_t(T) * ws.score_stride() * 2, stream.get()));
+  IndexerArgs a;
+  a.q = d_q.get();
+  a.weights = d_w.get();
+  a.key_pool = d_pool.get();
+  a.block_table = d_table.get();
+  a.pages_stride = pages_per_seq;
+  a.query_seq = d_seq.get();
+  a.key_counts = d_counts.get();
+  a.num_queries = T;
+  a.max_keys = max_keys;
+  a.k = k;
+  a.topk = d_topk.get();
+  indexer_topk(ws, a, stream.get());
+  DSV4_CUDA_CHECK(cudaGetLastError());
+  std::vector<int32_t> got = d_topk.download(stream.get());
+  std::vector<uint16_t> got_scores(size_t(T) * ws.score_stride());
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(got_scores.data(), ws.scores(), got_scores.size() * 2, cudaMemcpyDeviceToHost,
+                                  stream.get()));
+  stream.sync();
+
+  int score_mismatch = 0, total = 0;
+  for (int t = 0; t < T; ++t)
+    for (int j = 0; j < key_counts[t]; ++j) {
+      ++total;
+      const float g = bf16_to_f32(got_scores[size_t(t) * ws.score_stride() + j]);
+      const float r = want_scores[size_t(t) * max_keys + j];
+      if (!(g == r)) ++score_mismatch;
+    }
+  int order_diff = 0;
+  for (int t = 0; t < T; ++t) {
+    const int32_t* gt = &got[size_t(t) * k];
+    const int32_t* wt = &want[size_t(t) * k];
+    std::set<int32_t> gs(gt, gt + k), ws_set(wt, wt + k);
+    EXPECT_EQ(gs, ws_set) << "query " << t << " (" << key_counts[t] << " keys, k " << k << "): top-k sets differ";
+    const int take = std::min(k, key_counts[t]);
+    for (int i = 0; i < k; ++i) {
+      if (i >= take) { EXPECT_EQ(gt[i], -1); continue; }
+      ASSERT_GE(gt[i], 0);
+      ASSERT_LT(gt[i], key_counts[t]);
+      order_diff += gt[i] != wt[i];
+      if (i > 0) {  // descending scores, ties by lower index
+        const float prev = want_scores[size_t(t) * max_keys + gt[i - 1]], cur = want_scores[size_t(t) * max_keys + gt[i]];
+        EXPECT_TRUE(prev > cur || (prev == cur && gt[i - 1] < gt[i])) << "query " << t << " position " << i;
+      }
+    }
+  }
+  std::printf("  T=%d max_keys=%d k=%d: %d / %d scores differ, %d order differences\n", T, max_keys, k,
+              score_mismatch, total, order_diff);
+  EXPECT_LE(score_mismatch, total / 10000);
+}
+
+TEST(IndexerGpu, Batch1Over16384KeysTop512) { run_case({16384}, 512); }
+
+TEST(IndexerGpu, MixedKeyCountsTop512) { run_case({0, 1, 100, 511, 512, 513, 3000, 16384, 64, 65}, 512); }
+
+TEST(IndexerGpu, OtherK) {
+  run_case({5000, 20000, 2047, 2049}, 2048);
+  run_case({700, 3}, 1);
+  run_case({1000, 999}, 100);
+}
+
+TEST(IndexerGpu, Over262144Keys) { run_case({262144}, 512); }
+
+TEST(IndexerGpuSanitizer, Small) { run_case({300, 40, 0}, 64); }
+
+}  // namespace
+}  // namespace dsv4::cuda

@@ -1,0 +1,102 @@
+// Quantise-on-write kernels of the paged caches against the host codecs of kv_cache_layout.h,
+// byte for byte, including entries skipped (id −1) and untouched neighbours.
+#include <gtest/gtest.h>
+
+#include <cstdio>
+#include <cstring>
+#include <numeric>
+#include <random>
+#include <vector>
+
+#include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/kv_cache.h"
+#include "backend/kv_cache_layout.h"
+#include "core/dtypes.h"
+
+namespace dsv4::cuda {
+namespace {
+
+namespace kl = dsv4::kv_layout;
+
+std::mt19937& rng() {
+  static std::mt19937 gen = [] {
+    const unsigned seed = std::random_device{}();
+    std::printf("kv_cache_gpu_test seed %u\n", seed);
+    return std::mt19937(seed);
+  }();
+  return gen;
+}
+
+// Rows of bf16 values with per-block magnitudes from 2^-30 (under the amax floors) to 2^12, some zero.
+std::vector<uint16_t> random_rows(int n, int width, int block) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int> e(-30, 12);
+  std::vector<uint16_t> v(size_t(n) * width);
+  for (int r = 0; r < n; ++r)
+    for (int b = 0; b < width / block; ++b) {
+      const float mag = (r + b) % 13 == 0 ? 0.f : std::ldexp(1.0f, e(rng()));
+      for (int i = 0; i < block; ++i) v[size_t(r) * width + b * block + i] = f32_to_bf16(nd(rng()) * mag);
+    }
+  return v;
+}
+
+enum class Kind { Kv, IndexFp4, IndexFp8 };
+
+void run_case(Kind kind, int n, int pages) {
+  const int width = kind == Kind::Kv ? 512 : 128;
+  const size_t page_bytes = kind == Kind::Kv ? kl::kKvPageBytes
+                            : kind == Kind::IndexFp4 ? kl::kIndexFp4PageBytes : kl::kIndexFp8PageBytes;
+  std::vector<uint16_t> values = random_rows(n, width, kind == Kind::IndexFp4 ? 32 : 64);
+  std::vector<int32_t> all(pages * kl::kEntriesPerPage);
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng());
+  std::vector<int32_t> ids(all.begin(), all.begin() + n);
+  for (int i = 0; i < n; i += 17) ids[i] = -1;
+  std::vector<uint8_t> want(size_t(pages) * page_bytes);
+  for (size_t i = 0; i < want.size(); ++i) want[i] = uint8_t(i * 131 + 7);
+  std::vector<float> row(width);
+  for (int r = 0; r < n; ++r) {
+    if (ids[r] < 0) continue;
+    for (int i = 0; i < width; ++i) row[i] = bf16_to_f32(values[size_t(r) * width + i]);
+    const int64_t g = ids[r];
+    if (kind == Kind::Kv) {
+      kl::encode_kv_entry_at(want.data(), g, row.data());
+    } else if (kind == Kind::IndexFp4) {
+      kl::encode_index_key_fp4_at(want.data(), g, row.data());
+    } else {
+      float s;
+      kl::encode_index_key_fp8(row.data(), want.data() + kl::index_fp8_data_offset(g), &s);
+      std::memcpy(want.data() + kl::index_fp8_scale_offset(g), &s, 4);
+    }
+  }
+  Stream stream;
+  DeviceBuffer<uint8_t> pool(want.size());
+  std::vector<uint8_t> init(want.size());
+  for (size_t i = 0; i < init.size(); ++i) init[i] = uint8_t(i * 131 + 7);
+  pool.upload(init, stream.get());
+  DeviceBuffer<__nv_bfloat16> d_values(values.size());
+  d_values.upload(reinterpret_cast<const __nv_bfloat16*>(values.data()), values.size(), stream.get());
+  DeviceBuffer<int32_t> d_ids(n);
+  d_ids.upload(ids, stream.get());
+  if (kind == Kind::Kv) append_kv_entries(d_values.get(), d_ids.get(), n, pool.get(), stream.get());
+  if (kind == Kind::IndexFp4) append_index_keys_fp4(d_values.get(), d_ids.get(), n, pool.get(), stream.get());
+  if (kind == Kind::IndexFp8) append_index_keys_fp8(d_values.get(), d_ids.get(), n, pool.get(), stream.get());
+  std::vector<uint8_t> got = pool.download(stream.get());
+  size_t diff = 0, first = 0;
+  for (size_t i = 0; i < got.size(); ++i)
+    if (got[i] != want[i] && diff++ == 0) first = i;
+  EXPECT_EQ(diff, 0u) << "first differing byte " << first << " (page " << first / page_bytes << ", offset "
+                      << first % page_bytes << ")";
+}
+
+TEST(KvCacheGpu, KvEntriesMatchHostEncoder) { run_case(Kind::Kv, 1000, 20); }
+TEST(KvCacheGpu, IndexKeysFp4MatchHostEncoder) { run_case(Kind::IndexFp4, 3000, 50); }
+TEST(KvCacheGpu, IndexKeysFp8MatchHostEncoder) { run_case(Kind::IndexFp8, 3000, 50); }
+TEST(KvCacheGpuSanitizer, Small) {
+  run_case(Kind::Kv, 40, 2);
+  run_case(Kind::IndexFp4, 40, 2);
+  run_case(Kind::IndexFp8, 40, 2);
+}
+
+}  // namespace
+}  // namespace dsv4::cuda
