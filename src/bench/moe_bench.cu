@@ -8,7 +8,10 @@
 #include <cuda_bf16.h>
 #include <fmt/core.h>
 
+#include <cstdlib>
+#include <optional>
 #include <random>
+#include <string>
 #include <set>
 #include <vector>
 
@@ -93,6 +96,33 @@ __global__ void dequant_units_to_bf16(const uint8_t* w, const uint8_t* s, const 
   }
 }
 
+// DSV4_MOE_BENCH_TOKENS="1,4,16" times only those token counts (default: the full table);
+// DSV4_MOE_BENCH_PATH=stream|decode|batched forces the kernel path instead of the dispatcher's choice.
+std::vector<int> token_counts() {
+  std::vector<int> counts;
+  if (const char* env = std::getenv("DSV4_MOE_BENCH_TOKENS")) {
+    for (const char* c = env; *c;) {
+      char* end = nullptr;
+      long v = std::strtol(c, &end, 10);
+      if (end == c) fail("DSV4_MOE_BENCH_TOKENS: expected comma-separated token counts, got '{}'", env);
+      if (v > 0) counts.push_back(int(v));
+      c = *end == ',' ? end + 1 : end;
+    }
+  }
+  if (counts.empty()) counts = {1, 4, 16, 64, 256, 1024, 8192};
+  return counts;
+}
+
+std::optional<cuda::MoeFp4Path> forced_path() {
+  const char* env = std::getenv("DSV4_MOE_BENCH_PATH");
+  if (!env || !*env) return std::nullopt;
+  std::string v(env);
+  if (v == "stream") return cuda::MoeFp4Path::W4A16Stream;
+  if (v == "decode") return cuda::MoeFp4Path::W4A16Decode;
+  if (v == "batched") return cuda::MoeFp4Path::W4A16Batched;
+  fail("DSV4_MOE_BENCH_PATH: unknown path '{}' (stream, decode or batched)", v);
+}
+
 struct RoutingSet {
   DeviceBuffer<int32_t> ids;
   DeviceBuffer<float> weights;
@@ -145,7 +175,7 @@ void bench_format(MoeFp4Format format, double copy_gbs) {
 
   std::mt19937 rng(20261130);
   std::vector<Row> rows;
-  for (int tokens : {1, 4, 16, 64, 256, 1024, 8192}) {
+  for (int tokens : token_counts()) {
     const int rotations = tokens <= 64 ? 8 : tokens <= 1024 ? 4 : 2;
     std::vector<RoutingSet> sets(rotations);
     double distinct = 0;
@@ -182,12 +212,12 @@ void bench_format(MoeFp4Format format, double copy_gbs) {
     }
     stream.sync();
     cuda::MoeWorkspace ws(shape, tokens, k);
-    const cuda::MoeFp4Path path = cuda::moe_fp4_select_path(shape, tokens, k);
+    const cuda::MoeFp4Path path = forced_path().value_or(cuda::moe_fp4_select_path(shape, tokens, k));
     double moe_us = time_graph_us(
         [&](int r, cudaStream_t s) {
           RoutingSet& set = sets[r];
-          cuda::moe_fp4_forward(weights, set.x.get(), tokens, set.ids.get(), set.weights.get(), k, set.shared.get(),
-                                set.out.get(), ws, s);
+          cuda::moe_fp4_forward_path(path, weights, set.x.get(), tokens, set.ids.get(), set.weights.get(), k,
+                                     set.shared.get(), set.out.get(), ws, s);
         },
         rotations);
 
@@ -235,8 +265,11 @@ void bench_moe() {
   fmt::print("device-to-device copy bandwidth: {:.0f} GB/s (read + write)\n", copy_gbs);
   fmt::print("bytes = distinct experts × expert bytes (e2m1 + scales) + x, shared and out; time = median of 50\n"
              "CUDA-graph replays, each over several routing sets; fused = route + gate-up + SwiGLU + down + combine\n");
-  bench_format(MoeFp4Format::Mxfp4, copy_gbs);
-  bench_format(MoeFp4Format::Nvfp4, copy_gbs);
+  // DSV4_MOE_BENCH_FORMAT=mxfp4|nvfp4 times one format only (default: both).
+  const char* only = std::getenv("DSV4_MOE_BENCH_FORMAT");
+  const std::string fmt_only = only ? only : "";
+  if (fmt_only.empty() || fmt_only == "mxfp4") bench_format(MoeFp4Format::Mxfp4, copy_gbs);
+  if (fmt_only.empty() || fmt_only == "nvfp4") bench_format(MoeFp4Format::Nvfp4, copy_gbs);
 }
 
 }  // namespace dsv4::bench

@@ -130,7 +130,7 @@ void check_layer(const MoeFp4Shape& shape, int k, const std::vector<int>& token_
     d_shared.upload(shared, stream.get());
     d_ids.upload(routing.ids, stream.get());
     d_w.upload(routing.weights, stream.get());
-    for (auto path : {cuda::MoeFp4Path::W4A16Decode, cuda::MoeFp4Path::W4A16Batched}) {
+    for (auto path : {cuda::MoeFp4Path::W4A16Stream, cuda::MoeFp4Path::W4A16Decode, cuda::MoeFp4Path::W4A16Batched}) {
       d_out.fill_bytes(0xff, stream.get());  // NaN
       ws.hidden_act.fill_bytes(0xff, stream.get());
       ws.expert_out.fill_bytes(0xff, stream.get());

@@ -40,6 +40,8 @@ constexpr int kMoeUnitRows = 16;
 constexpr int kMoeUnitCols = 64;
 constexpr int kMoeUnitBytes = kMoeUnitRows * kMoeUnitCols / 2;  // 512
 constexpr int moe_unit_scale_bytes(MoeFp4Format f) { return kMoeUnitRows * kMoeUnitCols / moe_fp4_group_size(f); }
+// Rows (pairs of one expert) per pass of the decode kernels: one mma n8 tile.
+constexpr int kMoeMaxPassRows = 8;
 
 // Per (expert, matrix) f32 factor the kernels multiply into the accumulator: the repacked weights are
 // the true weights divided by this (an exact power-of-two shift, times weight_scale_2 for NVFP4).
@@ -108,6 +110,12 @@ class MoeWorkspace {
   DeviceBuffer<int32_t> slot_begin;    // [E] offset into sorted_pairs
   DeviceBuffer<int32_t> slot_count;    // [E]
   DeviceBuffer<int32_t> sorted_pairs;  // [max_tokens·k] pair index t·k+j, grouped by expert
+  // The same pairs cut into passes of at most min(kMoeMaxPassRows, tokens) rows of one expert, in
+  // expert order (the streaming decode kernel's work list).
+  DeviceBuffer<int32_t> pass_total;    // [1]
+  DeviceBuffer<int32_t> pass_expert;   // [E + max_tokens·k]
+  DeviceBuffer<int32_t> pass_begin;    // offset into sorted_pairs
+  DeviceBuffer<int32_t> pass_rows;
   // Activations between the two GEMMs and per-pair expert outputs, indexed by pair t·k+j.
   DeviceBuffer<uint16_t> hidden_act;   // [max_tokens·k, I] bf16
   DeviceBuffer<uint16_t> expert_out;   // [max_tokens·k, D] bf16
@@ -118,7 +126,10 @@ class MoeWorkspace {
 
 // Which kernel path runs the expert GEMMs. The choice is made in one place, moe_fp4_select_path().
 enum class MoeFp4Path : uint8_t {
-  W4A16Decode,   // bf16 mma.sync, weights on the M side, ≤ 8 tokens per expert per pass, pipelined loads
+  W4A16Stream,   // bf16 mma.sync, weights on the M side, ≤ 8 tokens per pass, weights streamed through a
+                 // shared-memory ring by cp.async, persistent grid (moe_fp4_stream.cu); forced only:
+                 // slower than W4A16Decode on the H200 (docs/perf/moe_fp4.md)
+  W4A16Decode,   // bf16 mma.sync, weights on the M side, ≤ 8 tokens per pass, loads in registers
   W4A16Batched,  // bf16 mma.sync, 32 tokens per pass (each dequantised weight used 4×)
 };
 MoeFp4Path moe_fp4_select_path(const MoeFp4Shape& shape, int tokens, int k);
@@ -135,7 +146,7 @@ void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& weights, const u
                           const uint16_t* shared_or_null, uint16_t* out, MoeWorkspace& ws, cudaStream_t stream);
 
 // Routing-side kernels (moe_routing.cu).
-// Groups the tokens·k pairs by expert into ws (slots, sorted_pairs); one block, no host sync.
+// Groups the tokens·k pairs by expert into ws (slots, sorted_pairs, passes); one block, no host sync.
 void moe_route_pairs(const int32_t* topk_ids, int tokens, int k, int experts, MoeWorkspace& ws, cudaStream_t stream);
 // out[t] = bf( Σ_j expert_out[t·k+j] (in order of expert id) + shared[t] ).
 void moe_combine(const uint16_t* expert_out, const int32_t* topk_ids, int tokens, int k, int experts, int hidden,

@@ -5,6 +5,8 @@
 // combine is a plain sum in the reference's order: experts by id, then the shared expert.
 #include <cuda_bf16.h>
 
+#include <algorithm>
+
 #include "backend/cuda/moe_fp4.h"
 #include "core/error.h"
 
@@ -44,7 +46,9 @@ __device__ void block_exclusive_scan2(int& a, int& b, int* total_a, int* total_b
 __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const int32_t* ids, int pairs, int experts,
                                                                   int32_t* active_count, int32_t* slot_expert,
                                                                   int32_t* slot_begin, int32_t* slot_count,
-                                                                  int32_t* sorted_pairs) {
+                                                                  int32_t* sorted_pairs, int pass_cap,
+                                                                  int32_t* pass_total, int32_t* pass_expert,
+                                                                  int32_t* pass_begin, int32_t* pass_rows) {
   __shared__ int count[kRouteThreads], cursor[kRouteThreads];
   const int tid = threadIdx.x;
   count[tid] = 0;
@@ -65,6 +69,16 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const int32_t*
   // Slots past the active ones are marked empty, so a GEMM block needs one dependent load to start.
   if (tid >= active && tid < experts) slot_expert[tid] = -1;
   if (tid == 0) *active_count = active;
+  // Passes: each expert's pairs cut into runs of at most pass_cap rows, in expert order.
+  int passes = (c + pass_cap - 1) / pass_cap, unused = 0, total_passes, unused_total;
+  __syncthreads();  // the scan's shared totals are re-used
+  block_exclusive_scan2(passes, unused, &total_passes, &unused_total);
+  for (int i = 0; i * pass_cap < c; ++i) {
+    pass_expert[passes + i] = tid;
+    pass_begin[passes + i] = offset + i * pass_cap;
+    pass_rows[passes + i] = min(pass_cap, c - i * pass_cap);
+  }
+  if (tid == 0) *pass_total = total_passes;
   cursor[tid] = offset;
   __syncthreads();
   // Order inside an expert follows atomics: the GEMMs compute each pair's column independently, so the
@@ -126,7 +140,9 @@ void moe_route_pairs(const int32_t* topk_ids, int tokens, int k, int experts, Mo
   if (experts > kRouteThreads) fail("moe_route_pairs: {} experts (at most {})", experts, kRouteThreads);
   moe_route_kernel<<<1, kRouteThreads, 0, stream>>>(topk_ids, tokens * k, experts, ws.active_count.get(),
                                                     ws.slot_expert.get(), ws.slot_begin.get(), ws.slot_count.get(),
-                                                    ws.sorted_pairs.get());
+                                                    ws.sorted_pairs.get(), std::min(kMoeMaxPassRows, tokens),
+                                                    ws.pass_total.get(), ws.pass_expert.get(), ws.pass_begin.get(),
+                                                    ws.pass_rows.get());
   DSV4_CUDA_CHECK_LAUNCH();
 }
 

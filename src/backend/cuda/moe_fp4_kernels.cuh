@@ -1,0 +1,109 @@
+// Device-side pieces shared by the FP4 MoE GEMM kernels (moe_fp4.cu, moe_fp4_stream.cu): the
+// argument block, the e2m1 → bf16 unpacking with the folded block scale, the bf16 MMA and the
+// per-fragment epilogue. The weight and scale layouts are described in moe_fp4.h.
+#pragma once
+#include <cuda_bf16.h>
+
+#include <cstdint>
+
+#include "backend/cuda/moe_fp4.h"
+
+namespace dsv4::cuda::moe_detail {
+
+struct GemmArgs {
+  const uint8_t* weights;  // all experts, unit layout
+  const uint8_t* scales;
+  const float* factors;    // E × kFactorsPerExpert
+  size_t expert_weight_bytes, expert_scale_bytes;
+  int K;                   // inputs (multiple of 64)
+  const __nv_bfloat16* act;  // gate-up: x [tokens, K]; down: hidden_act [pairs, K]
+  int act_row_divisor;       // activation row = pair / divisor (k for gate-up, 1 for down)
+  const int32_t* slot_expert;
+  const int32_t* slot_begin;
+  const int32_t* slot_count;
+  const int32_t* sorted_pairs;
+  const int32_t* pass_total;  // passes: ≤ pass-cap rows of one expert (moe_route_pairs)
+  const int32_t* pass_expert;
+  const int32_t* pass_begin;
+  const int32_t* pass_rows;
+  const float* topk_weights;  // gate-up only
+  float swiglu_limit;
+  __nv_bfloat16* out;         // gate-up: hidden_act [pairs, I]; down: expert_out [pairs, D]
+  int out_cols;               // I or D
+};
+
+__device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
+  __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
+  return *reinterpret_cast<uint32_t*>(&r);
+}
+
+// Stored scale byte → bf16 folded scale, duplicated in both halves (see moe_fp4_repack.cpp).
+template <MoeFp4Format F>
+__device__ __forceinline__ uint32_t folded_scale_x2(uint32_t code) {
+  uint32_t bits = F == MoeFp4Format::Mxfp4 ? code << 7 : (code << 4) + (224u << 7);
+  return bits * 0x10001u;
+}
+
+// One word of e2m1 nibbles → the four bf16x2 A registers of one mma K step (layout in moe_fp4.h).
+// Each nibble becomes bf16 bits sign<<15 | e2m1[2:0]<<6 = e2m1 · 2^-126; the folded scale restores
+// the magnitude, exactly.
+__device__ __forceinline__ void dequant_a(uint32_t w, uint32_t s_row_g, uint32_t s_row_g8, uint32_t (&a)[4]) {
+  const uint32_t em = 0x01C001C0u, sg = 0x80008000u;
+  a[0] = bf16x2_mul(((w << 6) & em) | ((w << 12) & sg), s_row_g);
+  a[1] = bf16x2_mul(((w << 2) & em) | ((w << 8) & sg), s_row_g8);
+  a[2] = bf16x2_mul(((w >> 2) & em) | ((w << 4) & sg), s_row_g);
+  a[3] = bf16x2_mul(((w >> 6) & em) | (w & sg), s_row_g8);
+}
+
+__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+      "{%0,%1,%2,%3};\n"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// One 16-byte unit slice and its two scale bytes → four MMA K steps into acc. b: this lane's 16
+// activations (two 16-byte vectors), zero for token columns past the pass's rows.
+template <MoeFp4Format F>
+__device__ __forceinline__ void mma_unit(float (&acc)[4], const uint4& wq, uint32_t sc, const uint4& xb0,
+                                         const uint4& xb1) {
+  const uint32_t s_g = folded_scale_x2<F>(sc & 0xffu), s_g8 = folded_scale_x2<F>(sc >> 8);
+  const uint32_t words[4] = {wq.x, wq.y, wq.z, wq.w};
+  const uint32_t b[8] = {xb0.x, xb0.y, xb0.z, xb0.w, xb1.x, xb1.y, xb1.z, xb1.w};
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    uint32_t a[4];
+    dequant_a(words[t], s_g, s_g8, a);
+    mma_bf16(acc, a, b[2 * t], b[2 * t + 1]);
+  }
+}
+
+__device__ __forceinline__ float bf16_round(float v) { return __bfloat162float(__float2bfloat16_rn(v)); }
+
+// Epilogue of one accumulator column: lo / hi = rows g / g+8 of 16-row weight tile `tile`, for pair
+// `pair`. fac0 / fac1: the matrix factors (gate / up, or down twice); topk_w: the pair's routing weight.
+template <bool kGateUp>
+__device__ __forceinline__ void store_fragment(const GemmArgs& p, int tile, int g, int pair, float topk_w,
+                                               float fac0, float fac1, float lo, float hi) {
+  if (kGateUp) {
+    // Rows g / g+8 of the tile are gate / up of intermediate channel 8·tile + g (SPEC §3.7).
+    float gate = fminf(bf16_round(lo * fac0), p.swiglu_limit);
+    float up = fminf(fmaxf(bf16_round(hi * fac1), -p.swiglu_limit), p.swiglu_limit);
+    float h = gate / (1.f + expf(-gate)) * up * topk_w;
+    p.out[size_t(pair) * p.out_cols + 8 * tile + g] = __float2bfloat16_rn(h);
+  } else {
+    __nv_bfloat16* o = p.out + size_t(pair) * p.out_cols + 16 * tile + g;
+    o[0] = __float2bfloat16_rn(lo * fac0);
+    o[8] = __float2bfloat16_rn(hi * fac0);
+  }
+}
+
+// The shared-memory streaming decode GEMM (moe_fp4_stream.cu). rows: weight rows (2I or D). Its
+// shared memory grows with K and the rows per pass; moe_fp4_stream_fits() says whether both GEMMs of
+// a shape fit the current device (sm_120 has ~100 KB per block, sm_90 ~227 KB).
+bool moe_fp4_stream_fits(const MoeFp4Shape& shape, int tokens);
+void moe_fp4_stream_gemm(MoeFp4Format format, bool gate_up, const GemmArgs& args, int rows, int tokens,
+                         cudaStream_t stream);
+
+}  // namespace dsv4::cuda::moe_detail
