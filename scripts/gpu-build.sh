@@ -12,4 +12,6 @@ cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 rm -rf gpu-bin && mkdir -p gpu-bin
 cp "$build/src/dsv4" gpu-bin/
 for t in "${targets[@]:1}"; do cp "$build/tests/ops/$t" gpu-bin/; done
+# The machine that runs gpu-bin/ may have no git history: record what was built.
+echo "$(git rev-parse --short HEAD)$( [ -n "$(git status --porcelain --untracked-files=no)" ] && echo ' + uncommitted changes')" > gpu-bin/COMMIT
 ls -la gpu-bin

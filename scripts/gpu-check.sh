@@ -20,8 +20,8 @@ if [ ! -x "$bin/dsv4" ]; then
   bin=gpu-bin
 fi
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv | tee "$out/gpu.txt"
-commit=$(git rev-parse --short HEAD 2>/dev/null || echo unknown)
-echo "commit $commit ($(git status --porcelain 2>/dev/null | wc -l) files changed)" | tee -a "$out/gpu.txt"
+if [ -f "$bin/COMMIT" ]; then commit=$(cat "$bin/COMMIT"); else commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"; fi
+echo "binaries built from commit $commit" | tee -a "$out/gpu.txt"
 summary=()
 for t in "$bin"/*_gpu_test; do
   [ -x "$t" ] || continue
