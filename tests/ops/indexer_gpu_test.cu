@@ -15,20 +15,14 @@
 #include "backend/cuda/indexer_topk.h"
 #include "backend/kv_cache_layout.h"
 #include "core/dtypes.h"
+#include "gpu_test_rng.h"
 
 namespace dsv4::cuda {
 namespace {
 
 namespace kl = dsv4::kv_layout;
 
-std::mt19937& rng() {
-  static std::mt19937 gen = [] {
-    const unsigned seed = std::random_device{}();
-    std::printf("indexer_gpu_test seed %u\n", seed);
-    return std::mt19937(seed);
-  }();
-  return gen;
-}
+std::mt19937& rng() { return test::fresh_rng("indexer_gpu_test"); }
 
 // bf16 vector of 128 through the FP4 simulation (SPEC §2.6), via the cache codec.
 void fp4_simulated(float* v, float magnitude) {

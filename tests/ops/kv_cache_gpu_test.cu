@@ -12,20 +12,14 @@
 #include "backend/cuda/kv_cache.h"
 #include "backend/kv_cache_layout.h"
 #include "core/dtypes.h"
+#include "gpu_test_rng.h"
 
 namespace dsv4::cuda {
 namespace {
 
 namespace kl = dsv4::kv_layout;
 
-std::mt19937& rng() {
-  static std::mt19937 gen = [] {
-    const unsigned seed = std::random_device{}();
-    std::printf("kv_cache_gpu_test seed %u\n", seed);
-    return std::mt19937(seed);
-  }();
-  return gen;
-}
+std::mt19937& rng() { return test::fresh_rng("kv_cache_gpu_test"); }
 
 // Rows of bf16 values with per-block magnitudes from 2^-30 (under the amax floors) to 2^12, some zero.
 std::vector<uint16_t> random_rows(int n, int width, int block) {

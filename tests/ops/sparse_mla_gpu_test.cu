@@ -17,6 +17,7 @@
 #include "backend/cuda/sparse_mla_decode.h"
 #include "backend/kv_cache_layout.h"
 #include "core/dtypes.h"
+#include "gpu_test_rng.h"
 
 namespace dsv4::cuda {
 namespace {
@@ -25,14 +26,7 @@ namespace kl = dsv4::kv_layout;
 constexpr int kD = 512;
 constexpr int kWindowPages = 3;  // ring of 192 slots: room for s_q ≤ 4 new tokens per step
 
-std::mt19937& rng() {
-  static std::mt19937 gen = [] {
-    const unsigned seed = std::random_device{}();
-    std::printf("sparse_mla_gpu_test seed %u\n", seed);
-    return std::mt19937(seed);
-  }();
-  return gen;
-}
+std::mt19937& rng() { return test::fresh_rng("sparse_mla_gpu_test"); }
 
 struct Case {
   int n_heads = 64;

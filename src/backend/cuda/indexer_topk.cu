@@ -11,6 +11,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/ptx_primitives.cuh"
 #include "backend/kv_cache_layout.h"
 
 namespace dsv4::cuda {
@@ -68,13 +69,6 @@ __device__ __forceinline__ __nv_bfloat162 e8m0_to_bf16x2(uint32_t e) {
   return *reinterpret_cast<const __nv_bfloat162*>(&two);
 }
 
-__device__ __forceinline__ void mma_bf16(float (&d)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
 

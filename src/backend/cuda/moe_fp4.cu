@@ -22,7 +22,6 @@ namespace dsv4::cuda {
 namespace {
 
 using moe_detail::GemmArgs;
-using moe_detail::mma_bf16;
 using moe_detail::bf16_round;
 using moe_detail::dequant_a;
 using moe_detail::folded_scale_x2;

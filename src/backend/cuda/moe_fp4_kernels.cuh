@@ -7,6 +7,7 @@
 #include <cstdint>
 
 #include "backend/cuda/moe_fp4.h"
+#include "backend/cuda/ptx_primitives.cuh"
 
 namespace dsv4::cuda::moe_detail {
 
@@ -55,13 +56,6 @@ __device__ __forceinline__ void dequant_a(uint32_t w, uint32_t s_row_g, uint32_t
   a[3] = bf16x2_mul(((w >> 6) & em) | (w & sg), s_row_g8);
 }
 
-__device__ __forceinline__ void mma_bf16(float (&c)[4], const uint32_t (&a)[4], uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
-      "{%0,%1,%2,%3};\n"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
-}
 
 // One 16-byte unit slice and its two scale bytes → four MMA K steps into acc. b: this lane's 16
 // activations (two 16-byte vectors), zero for token columns past the pass's rows.
