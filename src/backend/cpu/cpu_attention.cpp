@@ -6,6 +6,8 @@
 #include <numeric>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/indexer_reference.h"
+#include "backend/cpu/sparse_mla_reference.h"
 #include "backend/kv_cache_layout.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -60,61 +62,19 @@ void CpuBackend::copy_entries(const std::vector<int64_t>& src, const std::vector
 Tensor CpuBackend::sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
                                     const std::vector<int64_t>& entry_lists, int list_len, const float* sink,
                                     float scale) {
-  // SPEC §3.6 with the reference kernel's schedule: blocks of 64 list positions, online softmax in
-  // f32, probabilities rounded to bf16 before P·V, the sink added to the denominator at the end.
+  // SPEC §3.6 with the reference kernel's schedule (blocks of 64 list positions, online softmax in
+  // f32, bf16 probabilities before P·V, sink in the denominator): the same CPU reference the CUDA
+  // kernel is tested against, run over row ranges in parallel.
   DSV4_CHECK(head_dim == kv_layout::kHeadDim, "sparse_attention: head_dim {}", head_dim);
   const int64_t T = q.rows();
   Tensor out = alloc(DType::BF16, {T, n_heads, head_dim});
+  std::vector<int32_t> lists(entry_lists.begin(), entry_lists.end());
   const uint8_t* base = kv_pool.storage.ptr<uint8_t>();
-  constexpr int kBlock = 64;
   parallel_for(T, [&](int64_t t0, int64_t t1) {
-    std::vector<float> keys(size_t(list_len) * size_t(head_dim));
-    std::vector<float> qf(static_cast<size_t>(head_dim)), acc(static_cast<size_t>(head_dim));
-    for (int64_t t = t0; t < t1; ++t) {
-      const int64_t* list = entry_lists.data() + t * list_len;
-      for (int i = 0; i < list_len; ++i)
-        if (list[i] >= 0) kv_layout::decode_kv_entry_at(base, list[i], keys.data() + size_t(i) * size_t(head_dim));
-      for (int h = 0; h < n_heads; ++h) {
-        const uint16_t* qh = q.ptr<uint16_t>() + (t * n_heads + h) * head_dim;
-        for (int c = 0; c < head_dim; ++c) qf[size_t(c)] = bf16_to_f32(qh[c]);
-        std::fill(acc.begin(), acc.end(), 0.0f);
-        float m = -INFINITY, l = 0;
-        float s[kBlock];
-        for (int b0 = 0; b0 < list_len; b0 += kBlock) {
-          const int b1 = std::min(list_len, b0 + kBlock);
-          float bmax = -INFINITY;
-          for (int i = b0; i < b1; ++i) {
-            if (list[i] < 0) {
-              s[i - b0] = -INFINITY;
-              continue;
-            }
-            const float* k = keys.data() + size_t(i) * size_t(head_dim);
-            double dot = 0;
-            for (int c = 0; c < head_dim; ++c) dot += double(qf[size_t(c)]) * k[c];
-            s[i - b0] = float(dot) * scale;
-            bmax = std::max(bmax, s[i - b0]);
-          }
-          if (bmax == -INFINITY) continue;  // a block with no keys leaves the state unchanged
-          const float m_new = std::max(m, bmax);
-          const float alpha = std::exp(m - m_new);
-          float psum = 0;
-          for (int c = 0; c < head_dim; ++c) acc[size_t(c)] *= alpha;
-          for (int i = b0; i < b1; ++i) {
-            if (list[i] < 0) continue;
-            float p = std::exp(s[i - b0] - m_new);
-            psum += p;
-            const float pb = round_bf16(p);
-            const float* k = keys.data() + size_t(i) * size_t(head_dim);
-            for (int c = 0; c < head_dim; ++c) acc[size_t(c)] += pb * k[c];
-          }
-          l = l * alpha + psum;
-          m = m_new;
-        }
-        l += std::exp(sink[h] - m);
-        uint16_t* o = out.ptr<uint16_t>() + (t * n_heads + h) * head_dim;
-        for (int c = 0; c < head_dim; ++c) o[c] = f32_to_bf16(acc[size_t(c)] / l);
-      }
-    }
+    cpu::SparseMlaLists l{lists.data() + t0 * list_len, nullptr, list_len, list_len};
+    const size_t row = size_t(n_heads) * size_t(head_dim);
+    cpu::sparse_mla_decode_reference(q.ptr<uint16_t>() + size_t(t0) * row, int(t1 - t0), n_heads, base, base, l, sink, scale,
+                                     out.ptr<uint16_t>() + size_t(t0) * row);
   });
   return out;
 }
@@ -122,39 +82,23 @@ Tensor CpuBackend::sparse_attention(const Tensor& q, int n_heads, int head_dim, 
 Tensor CpuBackend::indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
                                 const std::vector<int64_t>& key_lists, const std::vector<int32_t>& key_counts,
                                 int max_keys, int k) {
-  // SPEC §3.5 with the reference's bf16 rounding points: per-head dot rounded to bf16, ReLU,
-  // product with the bf16 head weight rounded to bf16, head sum in f32 rounded to bf16.
+  // SPEC §3.5 with the reference's bf16 rounding points, through the CPU reference the CUDA
+  // indexer is tested against (cpu/indexer_reference.h).
   const int64_t T = q.rows();
   constexpr int d = kv_layout::kIndexDim;
   Tensor out = alloc(DType::I32, {T, k});
   const uint8_t* base = key_pool.storage.ptr<uint8_t>();
   parallel_for(T, [&](int64_t t0, int64_t t1) {
-    std::vector<float> key(d), score;
-    std::vector<int32_t> order;
+    std::vector<float> keys, scores;
     for (int64_t t = t0; t < t1; ++t) {
       const int n = key_counts[size_t(t)];
-      score.assign(size_t(n), 0.0f);
-      const uint16_t* qt = q.ptr<uint16_t>() + t * n_heads * d;
-      const uint16_t* wt = head_weights.ptr<uint16_t>() + t * n_heads;
-      for (int j = 0; j < n; ++j) {
-        kv_layout::decode_index_key_fp4_at(base, key_lists[size_t(t * max_keys + j)], key.data());
-        float sum = 0;
-        for (int h = 0; h < n_heads; ++h) {
-          double dot = 0;
-          for (int c = 0; c < d; ++c) dot += double(bf16_to_f32(qt[h * d + c])) * key[size_t(c)];
-          float r = std::max(round_bf16(float(dot)), 0.0f);
-          sum += round_bf16(r * bf16_to_f32(wt[h]));
-        }
-        score[size_t(j)] = round_bf16(sum);
-      }
-      order.resize(size_t(n));
-      std::iota(order.begin(), order.end(), 0);
-      const int kk = std::min(k, n);
-      std::partial_sort(order.begin(), order.begin() + kk, order.end(), [&](int a, int b) {
-        return score[size_t(a)] != score[size_t(b)] ? score[size_t(a)] > score[size_t(b)] : a < b;
-      });
-      int32_t* o = out.ptr<int32_t>() + t * k;
-      for (int i = 0; i < k; ++i) o[i] = i < kk ? order[size_t(i)] : -1;
+      keys.resize(size_t(n) * d);
+      scores.resize(size_t(n));
+      for (int j = 0; j < n; ++j)
+        kv_layout::decode_index_key_fp4_at(base, key_lists[size_t(t * max_keys + j)], keys.data() + size_t(j) * d);
+      cpu::indexer_scores_reference(q.ptr<uint16_t>() + t * n_heads * d, head_weights.ptr<uint16_t>() + t * n_heads,
+                                    n_heads, keys.data(), n, scores.data());
+      cpu::topk_reference(scores.data(), n, k, out.ptr<int32_t>() + t * k);
     }
   });
   return out;

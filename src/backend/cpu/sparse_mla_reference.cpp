@@ -41,9 +41,11 @@ void sparse_mla_decode_reference(const uint16_t* q, int num_queries, int n_heads
           s[j] = kNegInf;
           if (!valid[b0 + j]) continue;
           const float* k = &kv[size_t(b0 + j) * D];
-          float dot = 0.f;
-          for (int d = 0; d < D; ++d) dot += qh[d] * k[d];
-          s[j] = dot * scale;
+          // The tensor cores sum in a tree; an exact (double) sum rounded once is the closer twin
+          // than a long f32 chain.
+          double dot = 0.0;
+          for (int d = 0; d < D; ++d) dot += double(qh[d]) * k[d];
+          s[j] = float(dot) * scale;
           rowmax = std::max(rowmax, s[j]);
         }
         const float m_new = std::max(m, rowmax);
