@@ -25,7 +25,10 @@ struct SparseMlaShape {
   int n_heads = 64;       // 64, or 32 / 16 on tensor-parallel ranks
   int heads_per_cta = 0;  // 16, 32 or 64 (≤ n_heads); 0 = chosen from max_queries
   bool split_kv = true;   // false: one CTA per (query, head group) over its whole list (baseline)
-  bool fused_combine = true;  // the last CTA of a split job merges its partials (else a combine kernel)
+  // The last CTA of a split job merges its partials, else a separate combine kernel does. Off by
+  // default: on the H200 the separate kernel measured 3.5–4× faster at batch 1–32 and within 5% at
+  // 128 (docs/perf/2026-11-29-gpu-check.md).
+  bool fused_combine = false;
 };
 
 // The device-side schedule (FlashMLA-style metadata) and the split partials. Work unit = one
