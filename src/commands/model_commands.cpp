@@ -109,6 +109,7 @@ void add_model_commands(CLI::App& app) {
     cmd->add_option("--experts-format", opts->experts_format, "Routed experts: mxfp4 (DeepSeek) or nvfp4 (ModelOpt)")
         ->check(CLI::IsMember({"mxfp4", "nvfp4"}));
     cmd->add_option("--seed", opts->seed, "Random seed");
+    cmd->add_flag("--bf16", opts->bf16, "Write a plain BF16 checkpoint (no FP8 linears, no FP4 experts)");
     cmd->add_option("--set", *sets, "Config override KEY=VALUE (JSON value), e.g. --set num_hidden_layers=3");
     cmd->add_flag("--no-tokenizer", *no_tok, "Do not write tokenizer.json next to the weights");
     cmd->callback([opts, sets, no_tok] {

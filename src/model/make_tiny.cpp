@@ -46,7 +46,7 @@ json default_tiny_config() {
 
 class TensorMaker {
  public:
-  explicit TensorMaker(uint64_t seed) : rng_(seed) {}
+  TensorMaker(uint64_t seed, bool bf16_only) : rng_(seed), bf16_only_(bf16_only) {}
 
   std::vector<float> normal(int64_t n, float std) {
     std::normal_distribution<float> d(0.0f, std);
@@ -71,6 +71,7 @@ class TensorMaker {
   }
   // FP8 e4m3 weight + 128×128 ue8m0 block scales, quantised from N(0, 1/in).
   void fp8(std::vector<TensorOut>& out, const std::string& p, int rows, int cols) {
+    if (bf16_only_) return out.push_back(bf16(p + ".weight", {rows, cols}, 1.0f / std::sqrt(float(cols))));
     auto v = normal(int64_t(rows) * cols, 1.0f / std::sqrt(float(cols)));
     const int br = (rows + 127) / 128, bc = (cols + 127) / 128;
     std::vector<uint8_t> w(v.size()), s(size_t(br) * size_t(bc));
@@ -91,6 +92,7 @@ class TensorMaker {
   // MXFP4 (I8 packed e2m1 + ue8m0 per 32) or, with nvfp4 = true, the same values as NVFP4
   // (U8 + e4m3 per 16 + f32 global scale; exact re-encoding as ModelOpt's cast does).
   void fp4(std::vector<TensorOut>& out, const std::string& p, int rows, int cols, bool nvfp4, float global) {
+    if (bf16_only_) return out.push_back(bf16(p + ".weight", {rows, cols}, 1.0f / std::sqrt(float(cols))));
     auto v = normal(int64_t(rows) * cols, 1.0f / std::sqrt(float(cols)));
     std::vector<uint8_t> w(size_t(rows) * size_t(cols / 2)), s(size_t(rows) * size_t(cols / 32));
     for (int r = 0; r < rows; ++r)
@@ -125,6 +127,7 @@ class TensorMaker {
 
  private:
   std::mt19937_64 rng_;
+  bool bf16_only_;
 };
 
 void write_json(const std::filesystem::path& p, const json& j) {
@@ -148,7 +151,12 @@ int make_tiny_model(const TinyModelOptions& opts) {
       cfg[k] = v;  // a bare word is a string
     }
   }
+  if (opts.bf16 && opts.experts_format == "nvfp4") fail("--bf16 and --experts-format nvfp4 exclude each other");
   const bool nv = opts.experts_format == "nvfp4";
+  if (opts.bf16) {
+    cfg.erase("quantization_config");
+    cfg.erase("expert_dtype");
+  }
   std::vector<int> layers_nv;
   if (nv) {
     cfg["quantization_config"]["quant_algo"] = "MIXED_PRECISION";
@@ -160,7 +168,7 @@ int make_tiny_model(const TinyModelOptions& opts) {
   ModelConfig c = parse_model_config(cfg_text, "", "config.json");  // validates the overrides
   fs::create_directories(opts.out_dir);
 
-  TensorMaker mk(opts.seed);
+  TensorMaker mk(opts.seed, opts.bf16);
   std::vector<TensorOut> base, experts;
   const int D = c.dim, H = c.n_heads, hd = c.head_dim, hc = c.hc_mult, mix = (2 + hc) * hc, E = c.n_routed_experts,
             I = c.moe_inter_dim, V = c.vocab_size;

@@ -10,6 +10,7 @@ namespace dsv4 {
 struct TinyModelOptions {
   std::string out_dir;
   std::string experts_format = "mxfp4";  // mxfp4 | nvfp4
+  bool bf16 = false;                     // a plain BF16 checkpoint: no FP8 or FP4 anywhere
   uint64_t seed = 1;
   // config.json fields to override (name → JSON value text), e.g. {"num_hidden_layers", "3"}.
   std::map<std::string, std::string> overrides;

@@ -67,6 +67,20 @@ TEST(MakeTiny, BothFormatsLoadGenerateAndAgree) {
   EXPECT_LT(max_diff, 1e-3);
 }
 
+TEST(MakeTiny, PlainBf16CheckpointLoadsAndRuns) {
+  const std::string dir = (fs::temp_directory_path() / "dsv4_make_tiny_bf16").string();
+  fs::remove_all(dir);
+  CommandResult r = dsv4("make-tiny --bf16 --no-tokenizer --seed 3 --set vocab_size=1024 --set num_hidden_layers=3 --out " + dir);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  r = dsv4("inspect " + dir);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("linears (attention, shared experts, MTP projections): bf16"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("routed experts: bf16"), std::string::npos) << r.out;
+  r = dsv4("generate --model " + dir + " --prompt-ids 5,6,7,8,9 -n 8");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("ids: "), std::string::npos) << r.out;
+}
+
 TEST(Generate, RejectsBadInput) {
   CommandResult r = dsv4("generate --model /nonexistent --prompt-ids 1,2");
   EXPECT_NE(r.rc, 0);
