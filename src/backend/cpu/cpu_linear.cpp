@@ -1,4 +1,4 @@
-// CPU linears with the reference's numerics (SPEC §2.2–2.4): FP8/FP4 weights take FP8-quantised
+// CPU linears with the reference's numerics (SPEC §2.2–2.3): FP8 weights take FP8-quantised
 // activations (1×128 blocks, power-of-two scales); each K block's partial sum is exact (double)
 // and rounded once to f32, scaled and accumulated in f32 in block order — the reference kernels'
 // per-block accumulation (their in-block order is the tensor core's, which no CPU reproduces).
@@ -40,7 +40,7 @@ QuantizedActivations quantize_rows(const Tensor& x, int K) {
   return q;
 }
 
-// Dequantised weight row values (unscaled) and the per-block scale along K for one output row.
+// One FP8 weight row: e4m3 values (unscaled) and the per-128 block scales along K.
 struct WeightRow {
   std::vector<float> v;       // K values without the block scale
   std::vector<float> scale;   // K / block
@@ -62,21 +62,8 @@ void load_weight_row(const LinearWeight& w, int n, WeightRow& row) {
       break;
     }
     case WeightFormat::MXFP4:
-    case WeightFormat::NVFP4: {
-      const uint8_t* wr = w.w + size_t(n) * size_t(K / 2);
-      for (int k = 0; k < K; k += 2) {
-        row.v[size_t(k)] = e2m1_to_f32(wr[k / 2] & 15);
-        row.v[size_t(k) + 1] = e2m1_to_f32(wr[k / 2] >> 4);
-      }
-      row.block = w.format == WeightFormat::MXFP4 ? 32 : 16;
-      const int sb = K / row.block;
-      row.scale.resize(size_t(sb));
-      for (int b = 0; b < sb; ++b) {
-        uint8_t code = w.scale[size_t(n) * size_t(sb) + size_t(b)];
-        row.scale[size_t(b)] = w.format == WeightFormat::MXFP4 ? e8m0_to_f32(code) : e4m3_to_f32(code) * w.scale2;
-      }
-      break;
-    }
+    case WeightFormat::NVFP4:
+      fail("{}: FP4 weights are routed-expert weights; they run through moe_experts", w.name);
     case WeightFormat::BF16:
       fail("load_weight_row: bf16 weights take the bf16 path");
   }

@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/moe_fp4_reference.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
@@ -71,6 +72,21 @@ Tensor run_expert(CpuBackend& be, const Tensor& x, const ExpertWeights& ew, cons
 Tensor CpuBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) {
   const int64_t T = x.rows(), D = x.numel() / T;
   const int k = int(r.ids.numel() / T);
+  Tensor ys = run_expert(*this, x, w.shared, nullptr, swiglu_limit);
+  Tensor out = alloc(DType::BF16, {T, D});
+  const WeightFormat f = w.experts.front().w1.format;
+  if (f == WeightFormat::MXFP4 || f == WeightFormat::NVFP4) {
+    // FP4 experts: the CPU twin of the CUDA MoE with the reference's FP8-activation numerics.
+    MoeFp4Shape shape{f == WeightFormat::MXFP4 ? MoeFp4Format::Mxfp4 : MoeFp4Format::Nvfp4, int(w.experts.size()), int(D),
+                      w.experts.front().w1.out, swiglu_limit};
+    std::vector<MoeFp4ExpertTensors> tensors;
+    for (const auto& e : w.experts)
+      tensors.push_back({e.w1.w, e.w1.scale, e.w3.w, e.w3.scale, e.w2.w, e.w2.scale, e.w1.scale2, e.w3.scale2, e.w2.scale2});
+    cpu::moe_fp4_reference(shape, tensors, x.ptr<uint16_t>(), int(T), r.ids.ptr<int32_t>(), r.weights.ptr<float>(), k,
+                           ys.ptr<uint16_t>(), out.ptr<uint16_t>(), MoeActivationNumerics::Fp8);
+    return out;
+  }
+  // BF16 / FP8 experts: each expert over the rows routed to it, summed in expert-id order.
   std::vector<float> acc(size_t(T * D), 0.0f);
   for (int e = 0; e < int(w.experts.size()); ++e) {
     std::vector<int64_t> rows;
@@ -88,8 +104,6 @@ Tensor CpuBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeigh
     for (size_t j = 0; j < rows.size(); ++j)
       for (int64_t d = 0; d < D; ++d) acc[size_t(rows[j] * D + d)] += bf16_to_f32(ye.ptr<uint16_t>()[int64_t(j) * D + d]);
   }
-  Tensor ys = run_expert(*this, x, w.shared, nullptr, swiglu_limit);
-  Tensor out = alloc(DType::BF16, {T, D});
   for (int64_t i = 0; i < T * D; ++i)
     out.ptr<uint16_t>()[i] = f32_to_bf16(acc[size_t(i)] + bf16_to_f32(ys.ptr<uint16_t>()[i]));
   return out;
