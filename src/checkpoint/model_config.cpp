@@ -2,6 +2,7 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
@@ -151,6 +152,17 @@ ModelConfig parse_model_config(const std::string& config_text, const std::string
   if (r.string("scoring_func") != "sqrtsoftplus") fail("{}: scoring_func {} is not supported (sqrtsoftplus)", src, j["scoring_func"].dump());
   if (r.string("hidden_act") != "silu") fail("{}: hidden_act {} is not supported (silu)", src, j["hidden_act"].dump());
   if (!r.boolean("norm_topk_prob")) fail("{}: norm_topk_prob false is not supported", src);
+  // Fields with one meaning for this family: checked when present.
+  if (r.has("topk_method") && r.string("topk_method") != "noaux_tc")
+    fail("{}: topk_method {} is not supported (noaux_tc)", src, j["topk_method"].dump());
+  if (r.has("tie_word_embeddings") && r.boolean("tie_word_embeddings"))
+    fail("{}: tie_word_embeddings true is not supported (DeepSeek-V4 has separate embed and head)", src);
+  if (r.has("attention_bias") && r.boolean("attention_bias")) fail("{}: attention_bias true is not supported", src);
+  if (r.has("architectures")) {
+    const json& a = j["architectures"];
+    if (!a.is_array() || std::find(a.begin(), a.end(), json("DeepseekV4ForCausalLM")) == a.end())
+      fail("{}: architectures {} does not name DeepseekV4ForCausalLM", src, a.dump());
+  }
   if (c.rope_dim % 2 || c.rope_dim >= c.head_dim) fail("{}: qk_rope_head_dim {} must be even and below head_dim", src, c.rope_dim);
   if ((c.head_dim - c.rope_dim) % 64) fail("{}: head_dim - qk_rope_head_dim must be a multiple of 64 (FP8 KV blocks)", src);
   if (c.n_heads % c.o_groups) fail("{}: num_attention_heads must be a multiple of o_groups", src);
@@ -165,6 +177,7 @@ ModelConfig parse_model_config(const std::string& config_text, const std::string
   c.original_seq_len = rs.integer("original_max_position_embeddings");
   c.beta_fast = rs.number("beta_fast");
   c.beta_slow = rs.number("beta_slow");
+  if (rs.has("type") && rs.string("type") != "yarn") fail("{}: rope_scaling type {} is not supported (yarn)", src, j["rope_scaling"]["type"].dump());
 
   r.need("compress_ratios");
   if (!j["compress_ratios"].is_array()) r.wrong("compress_ratios", "an array");

@@ -83,6 +83,18 @@ TEST(ConfigDetection, RejectsWhatItCannotRun) {
   j = golden_config("tiny-a");
   j["num_key_value_heads"] = 8;
   expect_fail(j, "num_key_value_heads");
+  j = golden_config("tiny-a");
+  j["tie_word_embeddings"] = true;
+  expect_fail(j, "tie_word_embeddings");
+  j = golden_config("tiny-a");
+  j["topk_method"] = "greedy";
+  expect_fail(j, "topk_method");
+  j = golden_config("tiny-a");
+  j["architectures"] = {"LlamaForCausalLM"};
+  expect_fail(j, "architectures");
+  j = golden_config("tiny-a");
+  j["rope_scaling"]["type"] = "linear";
+  expect_fail(j, "rope_scaling");
   expect_fail(json::parse("[1,2]"), "not a JSON object");
   try {
     parse_model_config("{\"a\": ", "", "config.json");
