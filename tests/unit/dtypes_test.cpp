@@ -50,7 +50,9 @@ TEST(E2m1, EveryCode) {
   for (int c = 0; c < 16; ++c) {
     float v = e2m1_to_f32(uint8_t(c));
     EXPECT_EQ(v, (c & 8) ? -mags[c & 7] : mags[c & 7]) << c;
-    if (c != 8) EXPECT_EQ(f32_to_e2m1(v), c) << c;
+    if (c != 8) {
+      EXPECT_EQ(f32_to_e2m1(v), c) << c;
+    }
   }
   for (int c = 0; c < 7; ++c) {
     float mid = (mags[c] + mags[c + 1]) / 2;
