@@ -1,19 +1,20 @@
 #!/usr/bin/env bash
 # Runs on a machine with an NVIDIA GPU: every GPU test, compute-sanitizer memcheck on the small
-# cases, and the op benchmarks; prints a summary table last. Full logs go to $OUT (or ./gpu-out).
+# cases, and the op benchmarks; prints a summary table last. Full logs go to $GPU_CHECK_OUT
+# (default ./gpu-out).
 # Usage: scripts/gpu-check.sh [BIN_DIR] [bench ops...]
 #   BIN_DIR   executables from scripts/gpu-build.sh (default gpu-bin); when it does not exist the
 #             script builds them first (needs cmake, nvcc and the Debian -dev packages).
 #   bench ops default: moe attention indexer ("none" skips benchmarks)
 # Every step runs under a time limit (DSV4_TEST_TIMEOUT, default 180 s; DSV4_BENCH_TIMEOUT, 240 s),
-# so a hung kernel costs one step, not the whole GPU session; exit status 124 marks a timeout.
+# so a hung kernel costs one step, not the whole run; exit status 124 marks a timeout.
 set -uo pipefail
 cd "$(dirname "$0")/.."
 bin=${1:-gpu-bin}
 shift || true
 ops=("$@")
 [ ${#ops[@]} -eq 0 ] && ops=(moe attention indexer)
-out=${OUT:-gpu-out}
+out=${GPU_CHECK_OUT:-gpu-out}
 mkdir -p "$out"
 if [ ! -x "$bin/dsv4" ]; then
   scripts/gpu-build.sh || { echo "build failed"; exit 1; }
