@@ -90,6 +90,9 @@ StepOutput Dsv4Model::step(const std::vector<BatchItem>& batch) {
     DSV4_CHECK(!item.tokens.empty(), "step: sequence {} has no tokens", item.seq);
     for (auto& s : seqs) DSV4_CHECK(s != seqs_[size_t(item.seq)].get(), "step: sequence {} appears twice", item.seq);
     Sequence& s = *seqs_[size_t(item.seq)];
+    DSV4_CHECK(s.pos + int64_t(item.tokens.size()) <= c.max_position_embeddings,
+               "step: sequence {} would reach position {}, beyond max_position_embeddings {}", item.seq,
+               s.pos + int64_t(item.tokens.size()), c.max_position_embeddings);
     seqs.push_back(&s);
     rows.spans.push_back({nullptr, int64_t(rows.tokens.size()), int64_t(item.tokens.size()), s.pos});
     for (size_t i = 0; i < item.tokens.size(); ++i) {
