@@ -130,6 +130,7 @@ void add_model_commands(CLI::App& app) {
       int n = 32;
       float temperature = 0, top_p = 1;
       uint64_t seed = 0;
+      bool ignore_eos = false;
     };
     auto a = std::make_shared<Args>();
     cmd->add_option("--model", a->model, "Checkpoint directory")->required();
@@ -139,6 +140,7 @@ void add_model_commands(CLI::App& app) {
     cmd->add_option("--temperature", a->temperature, "Sampling temperature (0 = greedy)")->check(CLI::Range(0.0, 100.0));
     cmd->add_option("--top-p", a->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
     cmd->add_option("--seed", a->seed, "Sampling seed");
+    cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating after the end-of-sequence token");
     add_backend_option(cmd, a->backend);
     cmd->callback([a] {
       std::optional<Tokenizer> tok;
@@ -157,9 +159,11 @@ void add_model_commands(CLI::App& app) {
       StepOutput out = m.model->step({{s, prompt, false}});
       auto t1 = std::chrono::steady_clock::now();
       std::vector<int32_t> gen;
+      const int32_t eos = m.model->config().eos_token_id;
       for (int i = 0; i < a->n; ++i) {
         int32_t next = sample(out.logits.data(), out.vocab, a->temperature, a->top_p, rng);
         gen.push_back(next);
+        if (next == eos && !a->ignore_eos) break;
         if (i + 1 < a->n) out = m.model->step({{s, {next}, false}});
       }
       auto t2 = std::chrono::steady_clock::now();
@@ -172,7 +176,9 @@ void add_model_commands(CLI::App& app) {
         fmt::print("text: {}\n", tok->decode(known));
       }
       fmt::print("prefill: {} tokens in {:.3f} s ({:.1f} tok/s); decode: {} tokens in {:.3f} s ({:.1f} tok/s)\n", prompt.size(),
-                 prefill, double(prompt.size()) / prefill, a->n, decode, a->n > 1 ? double(a->n - 1) / decode : 0.0);
+                 prefill, double(prompt.size()) / prefill, gen.size(), decode,
+                 gen.size() > 1 ? double(gen.size() - 1) / decode : 0.0);
+      if (gen.back() == eos && !a->ignore_eos) fmt::print("stopped at the end-of-sequence token\n");
     });
   }
   {
