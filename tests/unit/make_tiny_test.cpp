@@ -2,6 +2,7 @@
 // on them; the NVFP4 variant is an exact re-encoding of the MXFP4 one (same logits).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <filesystem>
@@ -79,6 +80,32 @@ TEST(MakeTiny, PlainBf16CheckpointLoadsAndRuns) {
   r = dsv4("generate --model " + dir + " --prompt-ids 5,6,7,8,9 -n 8");
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("ids: "), std::string::npos) << r.out;
+}
+
+TEST(Generate, StopsAtEndOfSequence) {
+  // Same weights, with eos_token_id set to the token greedy decoding produces second.
+  const std::string root = (fs::temp_directory_path() / "dsv4_generate_eos").string();
+  fs::remove_all(root);
+  const std::string common = " --no-tokenizer --seed 21 --set vocab_size=1024 --set num_hidden_layers=2";
+  CommandResult r = dsv4("make-tiny --out " + root + "/a" + common);
+  ASSERT_EQ(r.rc, 0) << r.out;
+  r = dsv4("generate --model " + root + "/a --prompt-ids 9,8,7 -n 4 --ignore-eos");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  size_t at = r.out.find("ids: ");
+  ASSERT_NE(at, std::string::npos) << r.out;
+  std::vector<int> ids;
+  std::stringstream ss(r.out.substr(at + 5, r.out.find('\n', at) - at - 5));
+  for (std::string part; std::getline(ss, part, ',');) ids.push_back(std::stoi(part));
+  ASSERT_EQ(ids.size(), 4u);
+  size_t first_eos = std::find(ids.begin(), ids.end(), ids[1]) - ids.begin();  // ids[1] may repeat ids[0]
+  r = dsv4("make-tiny --out " + root + "/b" + common + " --set eos_token_id=" + std::to_string(ids[1]));
+  ASSERT_EQ(r.rc, 0) << r.out;
+  r = dsv4("generate --model " + root + "/b --prompt-ids 9,8,7 -n 4");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  std::string want = "ids: ";
+  for (size_t i = 0; i <= first_eos; ++i) want += (i ? "," : "") + std::to_string(ids[i]);
+  EXPECT_NE(r.out.find(want + "\n"), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("stopped at the end-of-sequence token"), std::string::npos) << r.out;
 }
 
 TEST(Generate, RejectsBadInput) {
