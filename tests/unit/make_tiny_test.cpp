@@ -103,7 +103,10 @@ TEST(Generate, StopsAtEndOfSequence) {
   r = dsv4("generate --model " + root + "/b --prompt-ids 9,8,7 -n 4");
   ASSERT_EQ(r.rc, 0) << r.out;
   std::string want = "ids: ";
-  for (size_t i = 0; i <= first_eos; ++i) want += (i ? "," : "") + std::to_string(ids[i]);
+  for (size_t i = 0; i <= first_eos; ++i) {
+    if (i) want += ",";
+    want += std::to_string(ids[i]);
+  }
   EXPECT_NE(r.out.find(want + "\n"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("stopped at the end-of-sequence token"), std::string::npos) << r.out;
 }
