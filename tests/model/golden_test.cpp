@@ -40,11 +40,12 @@ TEST_P(LayerCheck, MatchesGoldenPerLayer) {
   const auto& p = GetParam();
   std::string model = p.model == "nvfp4" ? assemble_nvfp4() : kTinyA;
   std::string dir = fresh_dir("layer_check_" + p.name);
-  std::string out = dir + "/out.safetensors", log = dir + "/log.txt";
+  std::string out = dir + "/out.safetensors";
   std::string args = "layer-check --model " + model + " --golden " + kGolden + " --output " + out;
   if (p.chunk) args += " --chunk " + std::to_string(p.chunk);
-  ASSERT_EQ(run_dsv4(args, log), 0) << read_text(log);
-  std::string text = read_text(log);
+  CommandResult run = run_dsv4(args);
+  ASSERT_EQ(run.rc, 0) << run.out;
+  const std::string& text = run.out;
   std::printf("%s\n", text.c_str());
   if (p.model == "nvfp4") {
     EXPECT_NE(text.find("nvfp4"), std::string::npos) << "the load log must name the NVFP4 experts";
@@ -97,8 +98,9 @@ INSTANTIATE_TEST_SUITE_P(TinyA, LayerCheck,
                          [](const auto& info) { return info.param.name; });
 
 void check_end_to_end(const std::string& model, const std::string& tag) {
-  std::string dir = fresh_dir("e2e_" + tag), log = dir + "/log.txt";
-  ASSERT_EQ(run_dsv4("logits --model " + model + " --input " + kGolden + " --output-dir " + dir, log), 0) << read_text(log);
+  std::string dir = fresh_dir("e2e_" + tag);
+  CommandResult run = run_dsv4("logits --model " + model + " --input " + kGolden + " --output-dir " + dir);
+  ASSERT_EQ(run.rc, 0) << run.out;
   SafetensorsFile ours(dir + "/golden.safetensors"), gold(kGolden);
   for (std::string name : {"prefill_logits", "decode_logits"}) {
     const TensorRef& g = gold.tensors().at(name);
@@ -129,13 +131,11 @@ TEST(BatchInvariance, LogitsBitIdentical) {
   };
   std::string a = write_input("a.safetensors", 150, 12, 1), b = write_input("b.safetensors", 37, 20, 2),
               c = write_input("c.safetensors", 260, 3, 3);
-  std::string log = dir + "/log.txt";
-  ASSERT_EQ(run_dsv4("logits --model " + kTinyA + " --input " + a + " --output-dir " + dir + "/alone", log), 0) << read_text(log);
-  ASSERT_EQ(run_dsv4("logits --model " + kTinyA + " --input " + b + " --input " + a + " --input " + c + " --output-dir " + dir +
-                         "/batched",
-                     log),
-            0)
-      << read_text(log);
+  CommandResult run = run_dsv4("logits --model " + kTinyA + " --input " + a + " --output-dir " + dir + "/alone");
+  ASSERT_EQ(run.rc, 0) << run.out;
+  run = run_dsv4("logits --model " + kTinyA + " --input " + b + " --input " + a + " --input " + c + " --output-dir " + dir +
+                 "/batched");
+  ASSERT_EQ(run.rc, 0) << run.out;
   SafetensorsFile alone(dir + "/alone/a.safetensors"), batched(dir + "/batched/a.safetensors");
   for (std::string name : {"prefill_logits", "decode_logits"}) {
     const TensorRef &x = alone.tensors().at(name), &y = batched.tensors().at(name);

@@ -9,41 +9,29 @@
 #include <sstream>
 
 #include "checkpoint/safetensors.h"
+#include "test_util.h"
 
 namespace dsv4 {
 namespace {
 
 namespace fs = std::filesystem;
 
-std::string slurp(const std::string& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return ss.str();
-}
-void spit(const std::string& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
+std::string slurp(const std::string& p) { return test::read_text(p); }
+void spit(const std::string& p, const std::string& s) { test::write_text(p, s); }
 
-struct Result {
-  int rc;
-  std::string err;
-};
-Result dsv4(const std::string& args) {
-  std::string log = (fs::temp_directory_path() / "dsv4_ckpt_err.log").string();
-  int rc = std::system((std::string(DSV4_BINARY) + " " + args + " >" + log + " 2>&1").c_str());
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, slurp(log)};
-}
+using Result = test::CommandResult;
+Result dsv4(const std::string& args) { return test::run_dsv4(args); }
 
 class BadCheckpoint : public ::testing::Test {
  protected:
   static void SetUpTestSuite() {
-    base_ = (fs::temp_directory_path() / "dsv4_ckpt_base").string();
-    fs::remove_all(base_);
+    base_ = test::fresh_dir("checkpoint_errors_base") + "/model";
     Result r = dsv4("make-tiny --no-tokenizer --out " + base_ + " --set vocab_size=512 --set num_hidden_layers=3 --seed 5");
-    ASSERT_EQ(r.rc, 0) << r.err;
+    ASSERT_EQ(r.rc, 0) << r.out;
   }
   void SetUp() override {
-    dir_ = (fs::temp_directory_path() / ("dsv4_ckpt_" + std::string(::testing::UnitTest::GetInstance()->current_test_info()->name()))).string();
-    fs::remove_all(dir_);
+    dir_ = test::fresh_dir(std::string("checkpoint_errors_") + ::testing::UnitTest::GetInstance()->current_test_info()->name()) +
+           "/model";
     fs::copy(base_, dir_);
   }
   std::string shard(int i) const { return dir_ + "/model-0000" + std::to_string(i) + "-of-00002.safetensors"; }
@@ -60,10 +48,10 @@ class BadCheckpoint : public ::testing::Test {
   }
   Result inspect() { return dsv4("inspect " + dir_); }
   static void expect_error(const Result& r, std::initializer_list<const char*> parts) {
-    EXPECT_NE(r.rc, 0) << r.err;
-    EXPECT_EQ(r.err.rfind("error: ", 0), 0u) << r.err;
-    EXPECT_EQ(std::count(r.err.begin(), r.err.end(), '\n'), 1) << "one line: " << r.err;
-    for (auto* p : parts) EXPECT_NE(r.err.find(p), std::string::npos) << "missing '" << p << "' in: " << r.err;
+    EXPECT_NE(r.rc, 0) << r.out;
+    EXPECT_EQ(r.out.rfind("error: ", 0), 0u) << r.out;
+    EXPECT_EQ(std::count(r.out.begin(), r.out.end(), '\n'), 1) << "one line: " << r.out;
+    for (auto* p : parts) EXPECT_NE(r.out.find(p), std::string::npos) << "missing '" << p << "' in: " << r.out;
   }
   static std::string base_;
   std::string dir_;
@@ -72,8 +60,8 @@ std::string BadCheckpoint::base_;
 
 TEST_F(BadCheckpoint, GoodOneLoads) {
   Result r = inspect();
-  EXPECT_EQ(r.rc, 0) << r.err;
-  EXPECT_NE(r.err.find("mxfp4"), std::string::npos) << r.err;
+  EXPECT_EQ(r.rc, 0) << r.out;
+  EXPECT_NE(r.out.find("mxfp4"), std::string::npos) << r.out;
 }
 
 TEST_F(BadCheckpoint, TruncatedFile) {

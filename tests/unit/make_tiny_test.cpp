@@ -4,34 +4,22 @@
 
 #include <algorithm>
 #include <cmath>
-#include <cstdlib>
 #include <filesystem>
-#include <fstream>
 #include <sstream>
 
 #include "checkpoint/safetensors.h"
+#include "test_util.h"
 
 namespace dsv4 {
 namespace {
 
 namespace fs = std::filesystem;
-
-struct CommandResult {
-  int rc;
-  std::string out;
-};
-CommandResult dsv4(const std::string& args) {
-  std::string log = (fs::temp_directory_path() / "dsv4_make_tiny.log").string();
-  int rc = std::system((std::string(DSV4_BINARY) + " " + args + " >" + log + " 2>&1").c_str());
-  std::ifstream in(log);
-  std::stringstream ss;
-  ss << in.rdbuf();
-  return {WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, ss.str()};
-}
+using test::CommandResult;
+using test::fresh_dir;
+CommandResult dsv4(const std::string& args) { return test::run_dsv4(args); }
 
 TEST(MakeTiny, BothFormatsLoadGenerateAndAgree) {
-  const std::string root = (fs::temp_directory_path() / "dsv4_make_tiny").string();
-  fs::remove_all(root);
+  const std::string root = fresh_dir("make_tiny");
   const std::string common = " --no-tokenizer --seed 11 --set vocab_size=1024 --set num_hidden_layers=3";
   CommandResult r = dsv4("make-tiny --out " + root + "/mx" + common);
   ASSERT_EQ(r.rc, 0) << r.out;
@@ -69,8 +57,7 @@ TEST(MakeTiny, BothFormatsLoadGenerateAndAgree) {
 }
 
 TEST(MakeTiny, PlainBf16CheckpointLoadsAndRuns) {
-  const std::string dir = (fs::temp_directory_path() / "dsv4_make_tiny_bf16").string();
-  fs::remove_all(dir);
+  const std::string dir = fresh_dir("make_tiny_bf16") + "/model";
   CommandResult r = dsv4("make-tiny --bf16 --no-tokenizer --seed 3 --set vocab_size=1024 --set num_hidden_layers=3 --out " + dir);
   ASSERT_EQ(r.rc, 0) << r.out;
   r = dsv4("inspect " + dir);
@@ -84,8 +71,7 @@ TEST(MakeTiny, PlainBf16CheckpointLoadsAndRuns) {
 
 TEST(Generate, StopsAtEndOfSequence) {
   // Same weights, with eos_token_id set to the token greedy decoding produces second.
-  const std::string root = (fs::temp_directory_path() / "dsv4_generate_eos").string();
-  fs::remove_all(root);
+  const std::string root = fresh_dir("generate_eos");
   const std::string common = " --no-tokenizer --seed 21 --set vocab_size=1024 --set num_hidden_layers=2";
   CommandResult r = dsv4("make-tiny --out " + root + "/a" + common);
   ASSERT_EQ(r.rc, 0) << r.out;

@@ -7,22 +7,31 @@
 #include <fstream>
 #include <sstream>
 
+#include <unistd.h>
+
 namespace dsv4::test {
 
 namespace fs = std::filesystem;
 
-int run_dsv4(const std::string& args, const std::string& log) {
-  std::string cmd = std::string(DSV4_BINARY) + " " + args + " >>" + log + " 2>&1";
-  int rc = std::system(cmd.c_str());
-  return WIFEXITED(rc) ? WEXITSTATUS(rc) : -1;
+CommandResult run_dsv4(const std::string& args) {
+  static int counter = 0;
+  const std::string log = (fs::path(DSV4_TEST_TMP) / ("command." + std::to_string(::getpid()) + "." +
+                                                      std::to_string(counter++) + ".log")).string();
+  fs::create_directories(DSV4_TEST_TMP);
+  int rc = std::system((std::string(DSV4_BINARY) + " " + args + " >" + log + " 2>&1").c_str());
+  CommandResult r{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, read_text(log)};
+  fs::remove(log);
+  return r;
 }
 
 std::string read_text(const std::string& path) {
-  std::ifstream in(path);
+  std::ifstream in(path, std::ios::binary);
   std::stringstream ss;
   ss << in.rdbuf();
   return ss.str();
 }
+
+void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
 std::string fresh_dir(const std::string& name) {
   fs::path p = fs::path(DSV4_TEST_TMP) / name;

@@ -8,10 +8,15 @@
 
 namespace dsv4::test {
 
-// Runs the dsv4 binary with `args`; returns the exit status; output goes to `log` (appended).
-int run_dsv4(const std::string& args, const std::string& log);
+struct CommandResult {
+  int rc = -1;      // exit status
+  std::string out;  // stdout and stderr together
+};
+// Runs the dsv4 binary with `args` (a shell command line fragment).
+CommandResult run_dsv4(const std::string& args);
 std::string read_text(const std::string& path);
-// A fresh empty directory under the test's temporary area.
+void write_text(const std::string& path, const std::string& text);
+// A fresh empty directory under the build tree's test area.
 std::string fresh_dir(const std::string& name);
 
 std::vector<float> floats(const TensorRef& t);  // BF16 or F32 → f32
