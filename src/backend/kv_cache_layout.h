@@ -63,6 +63,10 @@ DSV4_LAYOUT_FN size_t kv_entry_scale_offset(int64_t g) {
   return size_t(g / kEntriesPerPage) * kKvPageBytes + size_t(kEntryDataBytes) * kEntriesPerPage +
          size_t(g % kEntriesPerPage) * kEntryScaleBytes;
 }
+// kv_entry_scale_offset(g) − kv_entry_data_offset(g) for g ≥ 0 (both lie in g's page).
+DSV4_LAYOUT_FN int64_t kv_scale_from_data_delta(int64_t g) {
+  return int64_t(kEntryDataBytes) * kEntriesPerPage + (g % kEntriesPerPage) * (kEntryScaleBytes - kEntryDataBytes);
+}
 
 // ---- Indexer key entries ------------------------------------------------------------------------
 inline constexpr int kIndexDim = 128;

@@ -1,6 +1,8 @@
 // `dsv4 bench-ops attention`: sparse-MLA decode (split-KV + combine) against the unsplit baseline
 // (one CTA per (query, 64-head group) over its whole list), timed in the same run as CUDA-graph
 // replays over rotating caches (each rotation: its own entries, queries and lists).
+// DSV4_ATTN_BENCH_SHAPES="1x1,128x2" (batch x s_q) and DSV4_ATTN_BENCH_VARIANTS="separate,unsplit"
+// (substrings of the variant names) restrict the table, e.g. to profile one kernel.
 // Bytes = per query (entries read × 584 + q + out); FLOPs = 4 · heads · entries · 512 per query.
 #include <fmt/core.h>
 
@@ -56,6 +58,7 @@ void fill_pool(DeviceBuffer<uint8_t>& pool, size_t pages) {
 void bench_shapes(const std::vector<Shape>& shapes, double copy_gbs, Table& table) {
   std::mt19937 gen(11);
   for (const Shape& s : shapes) {
+    if (!bench_selected("DSV4_ATTN_BENCH_SHAPES", fmt::format("{}x{}", s.batch, s.s_q))) continue;
     const int T = s.batch * s.s_q, heads = 64;
     const int stride = 128 + s.compressed;
     const double bytes_per_call = double(T) * (stride * 584.0 + heads * kl::kHeadDim * 2.0 * 2);
@@ -103,21 +106,28 @@ void bench_shapes(const std::vector<Shape>& shapes, double copy_gbs, Table& tabl
       a.num_queries = T;
       return a;
     };
-    struct Variant { std::string name; int hpc; bool split; bool fused; };
-    std::vector<Variant> variants = {{"split-KV, fused combine", 0, true, true},
-                                     {"split-KV, separate combine kernel", 0, true, false},
-                                     {"unsplit baseline (CTA per query × 64 heads)", 64, false, false}};
-    if (s.batch == 1) {
-      variants.insert(variants.begin() + 2, {{"split-KV, fused combine", 32, true, true},
-                                             {"split-KV, fused combine", 64, true, true}});
-    }
+    struct Variant { std::string name; int hpc, block, warps; bool split, fused; };
+    const std::string sep = "split-KV, separate combine kernel";
+    std::vector<Variant> variants = {{"split-KV, fused combine", 0, 0, 0, true, true},
+                                     {sep, 0, 0, 0, true, false},
+                                     {sep, 64, 64, 2, true, false},
+                                     {"unsplit baseline (CTA per query × 64 heads)", 64, 64, 4, false, false}};
+    if (s.batch == 1)  // the tile shapes the auto choice picks among
+      variants.insert(variants.begin() + 3, {{sep, 16, 32, 4, true, false},
+                                             {sep, 32, 32, 4, true, false},
+                                             {sep, 32, 32, 2, true, false},
+                                             {sep, 64, 32, 4, true, false},
+                                             {sep, 64, 64, 4, true, false}});
     double baseline_us = 0;
     std::vector<std::vector<std::string>> rows;
     for (const Variant& v : variants) {
+      if (!bench_selected("DSV4_ATTN_BENCH_VARIANTS", v.name, true)) continue;
       cuda::SparseMlaShape shape;
       shape.max_queries = T;
       shape.n_heads = heads;
       shape.heads_per_cta = v.hpc;
+      shape.block_entries = v.block;
+      shape.row_group_warps = v.warps;
       shape.split_kv = v.split;
       shape.fused_combine = v.fused;
       cuda::SparseMlaPlan plan(shape);
@@ -127,11 +137,15 @@ void bench_shapes(const std::vector<Shape>& shapes, double copy_gbs, Table& tabl
       const double us = time_graph_us([&](int r, cudaStream_t stream) { sparse_mla_decode(plan, args_for(r), stream); },
                                       rotations);
       // CTAs with work: the plan gives each CTA ceil(units / grid) blocks of 64 entries.
-      const int64_t units = int64_t(T) * (heads / plan.heads_per_cta()) * ((stride + 63) / 64);
+      const int64_t units =
+          int64_t(T) * (heads / plan.heads_per_cta()) * ((stride + plan.block_entries() - 1) / plan.block_entries());
       const int64_t per = (units + plan.grid_ctas() - 1) / plan.grid_ctas();
       const int64_t busy = v.split ? (units + per - 1) / per : plan.grid_ctas();
       if (!v.split) baseline_us = us;
-      rows.push_back({s.name, v.name + fmt::format(" [{} heads/CTA]", plan.heads_per_cta()), std::to_string(s.batch),
+      rows.push_back({s.name,
+                      v.name + fmt::format(" [{} heads × {} entries/CTA, {} warps/16 heads{}]", plan.heads_per_cta(),
+                                           plan.block_entries(), plan.row_group_warps(), v.hpc == 0 ? ", auto" : ""),
+                      std::to_string(s.batch),
                       std::to_string(s.s_q), std::to_string(stride), fmt::format("{:.2f}", us),
                       fmt::format("{:.2f} MB", bytes_per_call / 1e6), fmt::format("{:.0f}", bytes_per_call / us / 1e3),
                       fmt::format("{:.1f}%", 100.0 * bytes_per_call / us / 1e3 / copy_gbs),

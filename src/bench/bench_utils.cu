@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 
 #include <algorithm>
+#include <cstdlib>
 
 #include "backend/cuda/cuda_utils.h"
 
@@ -46,6 +47,19 @@ double time_graph_us(const std::function<void(int, cudaStream_t)>& variant, int 
   }
   std::sort(ms.begin(), ms.end());
   return double(ms[ms.size() / 2]) * 1e3 / rotations;
+}
+
+bool bench_selected(const char* env_name, const std::string& key, bool substring) {
+  const char* env = std::getenv(env_name);
+  if (!env || !*env) return true;
+  const std::string list(env);
+  for (size_t begin = 0; begin <= list.size();) {
+    const size_t end = std::min(list.find(',', begin), list.size());
+    const std::string item = list.substr(begin, end - begin);
+    if (!item.empty() && (substring ? key.find(item) != std::string::npos : key == item)) return true;
+    begin = end + 1;
+  }
+  return false;
 }
 
 void Table::print(const std::string& title) const {

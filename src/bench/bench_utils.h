@@ -18,6 +18,11 @@ double measure_copy_bandwidth_gbs(size_t bytes = size_t(2) << 30);
 // in one CUDA graph, replayed `replays` times; the median over replays is divided by `rotations`.
 double time_graph_us(const std::function<void(int, cudaStream_t)>& variant, int rotations, int replays = 50);
 
+// Benchmark filters from the environment: true when `env_name` is unset or empty, or when one of its
+// comma-separated items equals `key` (or, with `substring`, occurs in it). Lets one profiler run
+// target a single shape or variant, e.g. DSV4_ATTN_BENCH_SHAPES=128x2.
+bool bench_selected(const char* env_name, const std::string& key, bool substring = false);
+
 // A markdown table printed to stdout.
 class Table {
  public:

@@ -31,8 +31,10 @@ std::mt19937& rng() { return test::fresh_rng("sparse_mla_gpu_test"); }
 struct Case {
   int n_heads = 64;
   int heads_per_cta = 0;
+  int block_entries = 0;
+  int row_group_warps = 0;
   bool split = true;
-  bool fused_combine = true;
+  bool fused_combine = false;  // the default path; the fused one runs where a test says so
   SparseMlaCompressed set = SparseMlaCompressed::None;
   int ratio = 4;
   int topk = 512;
@@ -41,15 +43,16 @@ struct Case {
   bool two_pools = false;
   bool graph = false;
   float q_scale = 2.0f;
+  int max_mag_exp = 3;  // per-64-dim-group magnitudes 2^-3 … 2^max_mag_exp
 };
 
 // Fills every entry of a pool with random KV vectors (per-block magnitudes vary) in the FP8 layout.
-std::vector<uint8_t> random_pool(int pages) {
+std::vector<uint8_t> random_pool(int pages, int max_mag_exp) {
   std::vector<uint8_t> pool(size_t(pages) * kl::kKvPageBytes);
   std::uniform_int_distribution<int> byte(0, 255);
   for (auto& b : pool) b = uint8_t(byte(rng()));  // padding and unused bytes hold garbage
   std::normal_distribution<float> nd(0.f, 1.f);
-  std::uniform_int_distribution<int> e(-3, 3);
+  std::uniform_int_distribution<int> e(-3, max_mag_exp);
   std::vector<float> v(kD);
   for (int64_t g = 0; g < int64_t(pages) * kl::kEntriesPerPage; ++g) {
     for (int b = 0; b < 8; ++b) {
@@ -95,8 +98,9 @@ double run_case(const Case& c) {
   } else {
     for (auto& p : comp_table) p = perm[next++];
   }
-  std::vector<uint8_t> window_pool = random_pool(window_pool_pages);
-  std::vector<uint8_t> comp_pool = c.two_pools ? random_pool(comp_pool_pages) : std::vector<uint8_t>();
+  std::vector<uint8_t> window_pool = random_pool(window_pool_pages, c.max_mag_exp);
+  std::vector<uint8_t> comp_pool =
+      c.two_pools ? random_pool(comp_pool_pages, c.max_mag_exp) : std::vector<uint8_t>();
   const std::vector<uint8_t>& comp_pool_ref = c.two_pools ? comp_pool : window_pool;
 
   // CSA selections: distinct random available entries in random order, −1 padded.
@@ -184,6 +188,8 @@ double run_case(const Case& c) {
   shape.max_queries = T;
   shape.n_heads = c.n_heads;
   shape.heads_per_cta = c.heads_per_cta;
+  shape.block_entries = c.block_entries;
+  shape.row_group_warps = c.row_group_warps;
   shape.split_kv = c.split;
   shape.fused_combine = c.fused_combine;
   SparseMlaPlan plan(shape);
@@ -229,8 +235,9 @@ double run_case(const Case& c) {
   }
   EXPECT_EQ(bad, 0);
   const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
-  std::printf("  T=%d heads=%d hpc=%d split=%d fused=%d stride=%d: rel L2 %.3g, max abs %.3g\n", T, c.n_heads,
-              plan.heads_per_cta(), int(c.split), int(c.fused_combine), stride, rel, max_abs);
+  std::printf("  T=%d heads=%d hpc=%d block=%d split=%d fused=%d stride=%d: rel L2 %.3g, max abs %.3g\n", T,
+              c.n_heads, plan.heads_per_cta(), plan.block_entries(), int(c.split), int(c.fused_combine), stride, rel,
+              max_abs);
   EXPECT_LE(rel, 1e-2);
   return rel;
 }
@@ -269,22 +276,39 @@ TEST(SparseMlaGpu, MtpSq1To4) {
   run_case(c);
 }
 
-TEST(SparseMlaGpu, HeadCountsHeadGroupsAndUnsplitBaseline) {
+TEST(SparseMlaGpu, HeadCountsHeadGroupsBlockSizesAndUnsplitBaseline) {
   for (int heads : {64, 32, 16})
     for (int hpc : {16, 32, 64}) {
       if (hpc > heads) continue;
-      for (bool split : {true, false}) {
-        Case c;
-        c.n_heads = heads;
-        c.heads_per_cta = hpc;
-        c.split = split;
-        c.fused_combine = hpc != 32;  // both combine paths
-        c.set = SparseMlaCompressed::Selected;
-        c.last_pos = {700, 3000};
-        c.s_q = {1, 2};
-        run_case(c);
-      }
+      for (int block : {64, 32})
+        for (bool split : {true, false}) {
+          Case c;
+          c.n_heads = heads;
+          c.heads_per_cta = hpc;
+          c.block_entries = block;
+          c.split = split;
+          c.fused_combine = hpc != 32;  // both combine paths, and both warp counts (fused: 2 warps)
+          c.set = SparseMlaCompressed::Selected;
+          c.last_pos = {700, 3000};
+          c.s_q = {1, 2};
+          run_case(c);
+        }
     }
+}
+
+// Entries whose scale exceeds 2^15 (or is 2^-127) take the dequantiser's f32 path, the rest the
+// bit-moving one; both must be exact.
+TEST(SparseMlaGpu, LargeScalesTakeTheExactF32Path) {
+  for (int block : {64, 32}) {
+    Case c;
+    c.block_entries = block;
+    c.max_mag_exp = 24;
+    c.q_scale = 0.5f;
+    c.fused_combine = false;
+    c.set = SparseMlaCompressed::Selected;
+    c.last_pos = {900, 4000};
+    run_case(c);
+  }
 }
 
 TEST(SparseMlaGpu, TwoPoolsAndLargeBatchSplits) {
@@ -294,8 +318,11 @@ TEST(SparseMlaGpu, TwoPoolsAndLargeBatchSplits) {
   std::uniform_int_distribution<int> pos(0, 30000);
   for (int i = 0; i < 40; ++i) c.last_pos.push_back(pos(rng()));
   c.heads_per_cta = 64;
+  c.fused_combine = true;
   run_case(c);
   c.fused_combine = false;
+  run_case(c);
+  c.row_group_warps = 2;
   run_case(c);
 }
 
@@ -313,6 +340,7 @@ TEST(SparseMlaGpu, CudaGraphReplay) {
   c.set = SparseMlaCompressed::Selected;
   c.last_pos = {5000, 60, 12000};
   c.graph = true;
+  c.fused_combine = true;
   run_case(c);  // fused combine: its per-job counters must be back at zero for the second replay
   c.fused_combine = false;
   run_case(c);
@@ -325,6 +353,7 @@ TEST(SparseMlaGpuSanitizer, Small) {
   c.last_pos = {10, 700};
   c.s_q = {1, 2};
   c.heads_per_cta = 16;
+  c.fused_combine = true;
   run_case(c);
   c.fused_combine = false;
   run_case(c);

@@ -97,6 +97,27 @@ class Event {
   cudaEvent_t e_{};
 };
 
+// Launches `kernel` as a programmatic dependent of the work before it in `stream` (PDL, sm_90+;
+// ignored on older GPUs): its CTAs may be scheduled while that work is still running, so its launch
+// latency hides behind it. The kernel must execute pdl_wait() (ptx_primitives.cuh) before it touches
+// anything the earlier work writes, and may call pdl_launch_dependents() to let the next kernel do
+// the same. Captured into CUDA graphs as programmatic edges.
+template <typename... KernelArgs, typename... Args>
+void launch_programmatic(void (*kernel)(KernelArgs...), dim3 grid, dim3 block, size_t smem, cudaStream_t stream,
+                         Args&&... args) {
+  cudaLaunchConfig_t config = {};
+  config.gridDim = grid;
+  config.blockDim = block;
+  config.dynamicSmemBytes = smem;
+  config.stream = stream;
+  cudaLaunchAttribute attribute[1];
+  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
+  attribute[0].val.programmaticStreamSerializationAllowed = 1;
+  config.attrs = attribute;
+  config.numAttrs = 1;
+  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, std::forward<Args>(args)...));
+}
+
 // Owns a captured CUDA graph and its executable instance.
 class Graph {
  public:

@@ -5,8 +5,9 @@
 // agree, so thread `tig` feeds the dims of FP4 block `tig` (32tig … 32tig+31): one 16-byte load and
 // one scale per key row, and the per-block scale multiplies that thread's A values only. The 64 Q
 // columns stay in registers (B fragments) for every key tile of the warp.
-// Top-k: one CTA per query; two 8-bit histogram passes find the k-th largest bf16 score, a scan
-// collects the keys above it plus the lowest-index ties, a bitonic sort orders them.
+// Top-k: one CTA per query; two 8-bit histogram passes find the k-th largest bf16 score (the first
+// accumulated by the scores kernel), a scan collects the keys above it plus the lowest-index ties,
+// a bitonic sort orders them.
 #include "backend/cuda/indexer_topk.h"
 
 #include <algorithm>
@@ -74,6 +75,8 @@ __device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(_
 
 // Grid (key chunks, queries); each warp walks tiles of 16 keys of its CTA's chunk.
 __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const ScoreParams p) {
+  pdl_wait();  // q, weights and keys come from earlier kernels
+  pdl_launch_dependents();  // the top-k CTA may be scheduled now; it waits for this grid
   const IndexerArgs& a = p.a;
   const int query = blockIdx.y;
   const int n = a.key_counts[query];
@@ -81,9 +84,33 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const Scor
   const int tile_end = min(tile_begin + p.tiles_per_cta, (n + kTileKeys - 1) / kTileKeys);
   if (tile_begin >= tile_end) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
+  // The first key tile's loads go out first: their two dependent latencies (page id, then data)
+  // overlap the staging of q below.
+  const int32_t* table = a.block_table + size_t(a.query_seq[query]) * a.pages_stride;
+  uint16_t* out = p.scores + size_t(query) * p.score_stride;
+  // Key rows gid and gid+8 of a tile: block `tig` (16 B) and its scale; zeros past the key count.
+  auto load_tile = [&](int tile, uint4 (&data)[2], uint32_t (&scale)[2]) {
+    const int key0 = tile * kTileKeys;
+    const int64_t page_base = tile < tile_end ? int64_t(table[key0 / kl::kEntriesPerPage]) * kl::kEntriesPerPage : 0;
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = key0 + gid + 8 * h;
+      data[h] = make_uint4(0, 0, 0, 0);
+      scale[h] = 127;
+      if (tile < tile_end && j < n) {
+        const int64_t g = page_base + j % kl::kEntriesPerPage;
+        data[h] = *reinterpret_cast<const uint4*>(a.key_pool + kl::index_fp4_data_offset(g) + tig * 16);
+        scale[h] = a.key_pool[kl::index_fp4_scale_offset(g) + tig];
+      }
+    }
+  };
+  uint4 data[2];
+  uint32_t scale_bits[2];
+  load_tile(tile_begin + warp, data, scale_bits);
 
   __shared__ __align__(16) uint8_t q_smem[kIndexerHeads * kQRowBytes];
   const uint4* q_src = reinterpret_cast<const uint4*>(a.q + size_t(query) * kIndexerHeads * kDim);
+#pragma unroll
   for (int i = threadIdx.x; i < kIndexerHeads * kDim / 8; i += kScoreThreads)
     *reinterpret_cast<uint4*>(q_smem + (i / 16) * kQRowBytes + (i % 16) * 16) = q_src[i];
   __syncthreads();
@@ -107,27 +134,6 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const Scor
   __shared__ int hist[256];
   for (int i = threadIdx.x; i < 256; i += kScoreThreads) hist[i] = 0;
 
-  const int32_t* table = a.block_table + size_t(a.query_seq[query]) * a.pages_stride;
-  uint16_t* out = p.scores + size_t(query) * p.score_stride;
-  // Key rows gid and gid+8 of a tile: block `tig` (16 B) and its scale; zeros past the key count.
-  auto load_tile = [&](int tile, uint4 (&data)[2], uint32_t (&scale)[2]) {
-    const int key0 = tile * kTileKeys;
-    const int64_t page_base = tile < tile_end ? int64_t(table[key0 / kl::kEntriesPerPage]) * kl::kEntriesPerPage : 0;
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const int j = key0 + gid + 8 * h;
-      data[h] = make_uint4(0, 0, 0, 0);
-      scale[h] = 127;
-      if (tile < tile_end && j < n) {
-        const int64_t g = page_base + j % kl::kEntriesPerPage;
-        data[h] = *reinterpret_cast<const uint4*>(a.key_pool + kl::index_fp4_data_offset(g) + tig * 16);
-        scale[h] = a.key_pool[kl::index_fp4_scale_offset(g) + tig];
-      }
-    }
-  };
-  uint4 data[2];
-  uint32_t scale_bits[2];
-  load_tile(tile_begin + warp, data, scale_bits);
   __syncthreads();  // hist zeroed
   for (int tile = tile_begin + warp; tile < tile_end; tile += kScoreWarps) {
     const int key0 = tile * kTileKeys;
@@ -206,7 +212,7 @@ __device__ int find_bin_warp(const int* hist, int k, int above, int* count_above
 // One CTA per query. Warp w owns the contiguous score range [w·per, (w+1)·per) (per a multiple of
 // 8: one 16-byte load = 8 scores per lane), so index order = (warp, step, lane, element).
 __global__ void __launch_bounds__(kTopkThreads, 1) indexer_topk_kernel(const uint16_t* __restrict__ scores, int stride,
-                                                                    const int32_t* __restrict__ histogram,
+                                                                    int32_t* __restrict__ histogram,
                                                                     const int32_t* __restrict__ key_counts, int k,
                                                                     int32_t* __restrict__ topk) {
   // The per-warp histograms are dead once the threshold is known; the candidates reuse their smem.
@@ -218,6 +224,7 @@ __global__ void __launch_bounds__(kTopkThreads, 1) indexer_topk_kernel(const uin
   __shared__ int tie_offset[kTopkWarps];
   __shared__ int shared_vals[4];
   __shared__ int greater_count;
+  pdl_wait();  // the scores and their high-byte histogram
   const int query = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int n = key_counts[query];
   const uint16_t* sc = scores + size_t(query) * stride;
@@ -238,6 +245,7 @@ __global__ void __launch_bounds__(kTopkThreads, 1) indexer_topk_kernel(const uin
   int64_t threshold = -1;
   int take_equal = 0;
   if (tid == 0) greater_count = 0;
+  if (n <= k && tid < 256) histogram[size_t(query) * 256 + tid] = 0;  // not needed, still consumed
   if (n > k) {
     for (int i = tid; i < kTopkWarps * 256; i += kTopkThreads) (&low_hist[0][0])[i] = 0;
     if (warp == 0) {
@@ -246,6 +254,7 @@ __global__ void __launch_bounds__(kTopkThreads, 1) indexer_topk_kernel(const uin
       if (lane == 0) { shared_vals[0] = high; shared_vals[1] = above; }
     }
     __syncthreads();
+    if (tid < 256) histogram[size_t(query) * 256 + tid] = 0;  // consumed: ready for the next scores call
     const uint32_t high = shared_vals[0];
     for (int i = w_begin + 8 * lane; i < w_end; i += 256) {  // no warp collectives: lanes may diverge
       uint32_t key[8];
@@ -293,7 +302,8 @@ __global__ void __launch_bounds__(kTopkThreads, 1) indexer_topk_kernel(const uin
       const bool valid = i + e < w_end;
       if (valid && int64_t(key[e]) > threshold) {
         const int at = atomicAdd(&greater_count, 1);
-        cand[at] = (static_cast<unsigned long long>(key[e]) << 32) | (~uint32_t(i + e));
+        if (at < k)  // always, with the histogram of these scores; a guard against any other
+          cand[at] = (static_cast<unsigned long long>(key[e]) << 32) | (~uint32_t(i + e));
       }
       ties += valid && int64_t(key[e]) == threshold;
     }
@@ -368,7 +378,10 @@ IndexerWorkspace::IndexerWorkspace(int max_queries, int max_keys)
       max_keys_(max_keys),
       score_stride_((max_keys + 7) / 8 * 8),
       scores_(size_t(max_queries) * score_stride_),
-      histogram_(size_t(max_queries) * 256) {}
+      histogram_(size_t(max_queries) * 256) {
+  histogram_.fill_bytes(0);  // from then on every top-k call leaves its rows zero
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+}
 
 int indexer_score_ctas(const IndexerArgs& a) {
   const int tiles = (a.max_keys + kTileKeys - 1) / kTileKeys;
@@ -379,20 +392,17 @@ void indexer_scores(const IndexerWorkspace& ws, const IndexerArgs& a, cudaStream
   DSV4_CHECK(a.num_queries <= ws.max_queries() && a.max_keys <= ws.max_keys(),
              "indexer: {} queries × {} keys exceed the workspace", a.num_queries, a.max_keys);
   if (a.num_queries == 0 || a.max_keys == 0) return;
-  DSV4_CUDA_CHECK(cudaMemsetAsync(ws.histogram(), 0, size_t(a.num_queries) * 256 * sizeof(int32_t), stream));
   ScoreParams p{a, ws.scores(), ws.score_stride(), ws.histogram(), tiles_per_cta_for(a)};
   const int tiles = (a.max_keys + kTileKeys - 1) / kTileKeys;
   dim3 grid((tiles + p.tiles_per_cta - 1) / p.tiles_per_cta, a.num_queries);
-  indexer_score_kernel<<<grid, kScoreThreads, 0, stream>>>(p);
-  DSV4_CUDA_CHECK_LAUNCH();
+  launch_programmatic(indexer_score_kernel, grid, dim3(kScoreThreads), 0, stream, p);
 }
 
 void indexer_select_topk(const IndexerWorkspace& ws, const IndexerArgs& a, cudaStream_t stream) {
   DSV4_CHECK(a.k >= 1 && a.k <= kIndexerMaxTopk, "indexer: k = {} outside 1 … {}", a.k, kIndexerMaxTopk);
   if (a.num_queries == 0) return;
-  indexer_topk_kernel<<<a.num_queries, kTopkThreads, 0, stream>>>(ws.scores(), ws.score_stride(), ws.histogram(),
-                                                                  a.key_counts, a.k, a.topk);
-  DSV4_CUDA_CHECK_LAUNCH();
+  launch_programmatic(indexer_topk_kernel, dim3(a.num_queries), dim3(kTopkThreads), 0, stream, ws.scores(),
+                      ws.score_stride(), ws.histogram(), a.key_counts, a.k, a.topk);
 }
 
 void indexer_topk(const IndexerWorkspace& ws, const IndexerArgs& a, cudaStream_t stream) {

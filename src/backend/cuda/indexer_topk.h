@@ -32,7 +32,10 @@ struct IndexerArgs {
 };
 
 // Scratch for up to max_queries × max_keys: bf16 scores (row stride score_stride(), a multiple of
-// 8) and a 256-bin histogram per query of the scores' high order-key byte (first radix pass).
+// 8) and a 256-bin histogram per query of the scores' high order-key byte (first radix pass). The
+// histogram is zeroed once here; the scores kernel adds to it and the top-k kernel reads it and
+// clears it again, so no memset runs per call: every indexer_scores() must be followed by one
+// indexer_select_topk() on the same workspace before the next indexer_scores().
 class IndexerWorkspace {
  public:
   IndexerWorkspace(int max_queries, int max_keys);
@@ -52,7 +55,9 @@ class IndexerWorkspace {
 void indexer_topk(const IndexerWorkspace& ws, const IndexerArgs& args, cudaStream_t stream);
 
 // The two stages separately (benchmarks, tests). Scores land in ws.scores() as bf16 bits,
-// row stride ws.score_stride(); the top-k stage needs the scores stage's histogram.
+// row stride ws.score_stride(); the top-k stage needs (and consumes) the scores stage's histogram.
+// Both kernels are launched as programmatic dependents (launch latency hidden behind the kernel
+// before them).
 void indexer_scores(const IndexerWorkspace& ws, const IndexerArgs& args, cudaStream_t stream);
 void indexer_select_topk(const IndexerWorkspace& ws, const IndexerArgs& args, cudaStream_t stream);
 

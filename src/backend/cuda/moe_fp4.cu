@@ -3,8 +3,8 @@
 // mma.sync.m16n8k16 (f32 accumulation). Weights sit on the MMA's M side ("swap AB"): at decode an
 // expert sees a handful of tokens, which fill the N = 8 side, while its weight rows fill M.
 //
-// The kernel here: a block works on one expert slot (blockIdx.y) and one 16-row weight tile; its 8
-// warps split K and reduce through shared memory. Every weight byte is read once per pass over the
+// The kernel here: a block works on one expert slot (blockIdx.y) and one or two 16-row weight tiles;
+// its 8 warps split K and reduce through shared memory. Every weight byte is read once per pass over the
 // expert's tokens (8 per pass in the register decode variant, 32 in the batched one), as 16-byte loads
 // that each fill one lane's A fragments for four MMA K steps. The shared-memory streaming decode kernel
 // (measured slower, kept as a forced path and the base for a bulk-copy version) is moe_fp4_stream.cu.
@@ -58,15 +58,22 @@ __device__ __forceinline__ void store_outputs(const GemmArgs& p, int expert, int
   }
 }
 
-// Batched variant: 8·NT tokens per pass, activations loaded straight into registers.
-// NT: n8 tiles (8 tokens each) per pass; UPW: units (64 inputs) each warp loads before computing.
-template <MoeFp4Format F, int NT, int UPW, bool kGateUp>
+// 8·NT tokens per pass, activations loaded straight into registers.
+// NT: n8 tiles (8 tokens each) per pass; UPW: units (64 inputs) each warp loads before computing;
+// RT: 16-row tiles per block (its warps split into RT groups, each group splitting K of one tile),
+// so that a short K still gives each block kWarps·UPW units (as many bytes) in flight.
+template <MoeFp4Format F, int NT, int UPW, int RT, bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 2) moe_fp4_gemm_kernel(GemmArgs p) {
+  static_assert(kWarps % RT == 0, "whole warp groups");
+  constexpr int kGroupWarps = kWarps / RT;
+  pdl_wait();  // routing (and, for down, gate-up's output) come from the kernels before
+  pdl_launch_dependents();
   const int slot = blockIdx.y;
   const int expert = p.slot_expert[slot];
   if (expert < 0) return;
   const int begin = p.slot_begin[slot], count = p.slot_count[slot];
-  const int tile = blockIdx.x, warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
+  const int wg = warp % kGroupWarps, tile = blockIdx.x * RT + warp / kGroupWarps;
   const int units = p.K / kMoeUnitCols;
   constexpr int kScaleBytes = moe_unit_scale_bytes(F);
   const int scale_offset = F == MoeFp4Format::Nvfp4 ? 2 * lane : 4 * g + 2 * (q >> 1);
@@ -87,19 +94,19 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp4_gemm_kernel(GemmArgs p) {
 #pragma unroll
     for (int j = 0; j < NT; ++j) acc[j][0] = acc[j][1] = acc[j][2] = acc[j][3] = 0.f;
 
-    for (int u0 = 0; u0 < units; u0 += kWarps * UPW) {
+    for (int u0 = 0; u0 < units; u0 += kGroupWarps * UPW) {
       uint4 wq[UPW];
       uint32_t sc[UPW];
 #pragma unroll
       for (int i = 0; i < UPW; ++i) {
-        int u = u0 + i * kWarps + warp;
+        int u = u0 + i * kGroupWarps + wg;
         wq[i] = u < units ? load_stream(wbase + size_t(u) * kMoeUnitBytes) : make_uint4(0, 0, 0, 0);
         sc[i] = u < units ? __ldg(reinterpret_cast<const unsigned short*>(sbase + size_t(u) * kScaleBytes)) : 0u;
       }
       uint4 xb[UPW][NT][2];
 #pragma unroll
       for (int i = 0; i < UPW; ++i) {
-        int u = u0 + i * kWarps + warp;
+        int u = u0 + i * kGroupWarps + wg;
 #pragma unroll
         for (int j = 0; j < NT; ++j) {
           if (u < units && act_row[j]) {
@@ -129,19 +136,19 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp4_gemm_kernel(GemmArgs p) {
       }
     }
 
-    // Reduce the 8 warps' K slices; warp j finishes n8 tile j.
+    // Reduce each group's K slices; warp wg of the group finishes n8 tiles wg, wg + kGroupWarps, ….
 #pragma unroll
     for (int j = 0; j < NT; ++j)
 #pragma unroll
       for (int c = 0; c < 4; ++c) partial[warp][j * 4 + c][lane] = acc[j][c];
     __syncthreads();
-    for (int j = warp; j < NT; j += kWarps) {
+    for (int j = wg; j < NT; j += kGroupWarps) {
       float v[4];
 #pragma unroll
       for (int c = 0; c < 4; ++c) {
         float s = 0.f;
 #pragma unroll
-        for (int w = 0; w < kWarps; ++w) s += partial[w][j * 4 + c][lane];
+        for (int w = 0; w < kGroupWarps; ++w) s += partial[warp - wg + w][j * 4 + c][lane];
         v[c] = s;
       }
       store_outputs<kGateUp>(p, expert, tile, begin, count, chunk + 8 * j + 2 * q, g, v);
@@ -209,19 +216,22 @@ void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int to
     moe_detail::moe_fp4_stream_gemm(F, false, dn, D, tokens, stream);
     return;
   }
+  // Launched as programmatic dependents (launch latency hidden behind the kernel before).
   if (path == MoeFp4Path::W4A16Decode) {
-    // One block = one 16-row tile of one expert, 8 warps splitting K: 8 units (4 KB) per warp in
-    // flight for gate-up (K = D = 4096), 4 for down (K = I = 2048).
-    moe_fp4_gemm_kernel<F, 1, 8, true><<<dim3(2 * I / kMoeUnitRows, max_slots), kThreads, 0, stream>>>(gu);
-    DSV4_CUDA_CHECK_LAUNCH();
-    moe_fp4_gemm_kernel<F, 1, 4, false><<<dim3(D / kMoeUnitRows, max_slots), kThreads, 0, stream>>>(dn);
-    DSV4_CUDA_CHECK_LAUNCH();
+    // One block = 8 warps over 16 rows × K of one expert: 8 units (4 KB) per warp in flight for
+    // gate-up (K = D = 4096); down (K = I = 2048) takes two row tiles per block, 4 warps each, so
+    // that its blocks move as many bytes as gate-up's.
+    launch_programmatic(moe_fp4_gemm_kernel<F, 1, 8, 1, true>, dim3(2 * I / kMoeUnitRows, max_slots), dim3(kThreads),
+                        0, stream, gu);
+    static_assert(kMoeUnitRows * 2 <= 128, "D (a multiple of 128) holds an even number of row tiles");
+    launch_programmatic(moe_fp4_gemm_kernel<F, 1, 8, 2, false>, dim3(D / kMoeUnitRows / 2, max_slots), dim3(kThreads),
+                        0, stream, dn);
     return;
   }
-  moe_fp4_gemm_kernel<F, 4, 2, true><<<dim3(2 * I / kMoeUnitRows, max_slots), kThreads, 0, stream>>>(gu);
-  DSV4_CUDA_CHECK_LAUNCH();
-  moe_fp4_gemm_kernel<F, 4, 2, false><<<dim3(D / kMoeUnitRows, max_slots), kThreads, 0, stream>>>(dn);
-  DSV4_CUDA_CHECK_LAUNCH();
+  launch_programmatic(moe_fp4_gemm_kernel<F, 4, 2, 1, true>, dim3(2 * I / kMoeUnitRows, max_slots), dim3(kThreads), 0,
+                      stream, gu);
+  launch_programmatic(moe_fp4_gemm_kernel<F, 4, 2, 1, false>, dim3(D / kMoeUnitRows, max_slots), dim3(kThreads), 0,
+                      stream, dn);
 }
 
 }  // namespace

@@ -149,8 +149,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fp4_stream_kernel(GemmArgs p,
   for (int st = 0; st < S::kCount - 1; ++st) issue(st);
   // The routing lists were complete before the gate-up grid started; only the activations (the
   // gate-up output, for the down GEMM) need the previous grid to have finished.
-  if (kGateUp) asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory");
-  else asm volatile("griddepcontrol.wait;\n" ::: "memory");
+  if (kGateUp) pdl_launch_dependents();
+  else pdl_wait();
   const int scale_offset = F == MoeFp4Format::Nvfp4 ? 2 * lane : 4 * g + 2 * (q >> 1);
   int xs_pass = -1, rows = 0;
   float acc[2][4] = {};
@@ -250,17 +250,12 @@ void launch(const GemmArgs& a, int rows, int tokens, cudaStream_t stream) {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
     raised = smem;
   }
-  cudaLaunchConfig_t config = {};
-  config.gridDim = dim3(sms);
-  config.blockDim = dim3(kThreads);
-  config.dynamicSmemBytes = smem;
-  config.stream = stream;
-  cudaLaunchAttribute attribute[1];
-  attribute[0].id = cudaLaunchAttributeProgrammaticStreamSerialization;
-  attribute[0].val.programmaticStreamSerializationAllowed = 1;
-  config.attrs = attribute;
-  config.numAttrs = !kGateUp && kProgrammaticDown ? 1 : 0;
-  DSV4_CUDA_CHECK(cudaLaunchKernelEx(&config, kernel, a, rows / kMoeUnitRows, xs_rows));
+  if (!kGateUp && kProgrammaticDown) {
+    launch_programmatic(kernel, dim3(sms), dim3(kThreads), smem, stream, a, rows / kMoeUnitRows, xs_rows);
+  } else {
+    kernel<<<sms, kThreads, smem, stream>>>(a, rows / kMoeUnitRows, xs_rows);
+    DSV4_CUDA_CHECK_LAUNCH();
+  }
 }
 
 template <MoeFp4Format F, bool kGateUp>

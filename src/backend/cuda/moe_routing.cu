@@ -2,12 +2,14 @@
 // (a counting sort in one block, graph-safe: everything stays on the device), and the final per-token
 // weighted sum of the expert outputs plus the shared expert's (SPEC.md §3.7). The routing weights are
 // already applied inside the gate-up GEMM's epilogue (before w2, as the reference does), so the
-// combine is a plain sum in the reference's order: experts by id, then the shared expert.
+// combine is a plain sum in the reference's order: experts by id, then the shared expert. Both are
+// launched as programmatic dependents, like the expert GEMMs between them (launch latency hidden).
 #include <cuda_bf16.h>
 
 #include <algorithm>
 
 #include "backend/cuda/moe_fp4.h"
+#include "backend/cuda/ptx_primitives.cuh"
 #include "core/error.h"
 
 namespace dsv4::cuda {
@@ -50,6 +52,8 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const int32_t*
                                                                   int32_t* pass_total, int32_t* pass_expert,
                                                                   int32_t* pass_begin, int32_t* pass_rows) {
   __shared__ int count[kRouteThreads], cursor[kRouteThreads];
+  pdl_wait();  // the top-k ids come from the router
+  pdl_launch_dependents();
   const int tid = threadIdx.x;
   count[tid] = 0;
   __syncthreads();
@@ -92,6 +96,8 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const int32_t*
 // One thread = 8 channels of one token.
 __global__ void moe_combine_kernel(const __nv_bfloat16* expert_out, const int32_t* ids, int k, int experts, int hidden,
                                    const __nv_bfloat16* shared, __nv_bfloat16* out) {
+  pdl_wait();  // the down GEMM's expert outputs
+  pdl_launch_dependents();
   const int t = blockIdx.y;
   const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
   if (c0 >= hidden) return;
@@ -138,12 +144,10 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* expert_out, const int32_
 
 void moe_route_pairs(const int32_t* topk_ids, int tokens, int k, int experts, MoeWorkspace& ws, cudaStream_t stream) {
   if (experts > kRouteThreads) fail("moe_route_pairs: {} experts (at most {})", experts, kRouteThreads);
-  moe_route_kernel<<<1, kRouteThreads, 0, stream>>>(topk_ids, tokens * k, experts, ws.active_count.get(),
-                                                    ws.slot_expert.get(), ws.slot_begin.get(), ws.slot_count.get(),
-                                                    ws.sorted_pairs.get(), std::min(kMoeMaxPassRows, tokens),
-                                                    ws.pass_total.get(), ws.pass_expert.get(), ws.pass_begin.get(),
-                                                    ws.pass_rows.get());
-  DSV4_CUDA_CHECK_LAUNCH();
+  launch_programmatic(moe_route_kernel, dim3(1), dim3(kRouteThreads), 0, stream, topk_ids, tokens * k, experts,
+                      ws.active_count.get(), ws.slot_expert.get(), ws.slot_begin.get(), ws.slot_count.get(),
+                      ws.sorted_pairs.get(), std::min(kMoeMaxPassRows, tokens), ws.pass_total.get(),
+                      ws.pass_expert.get(), ws.pass_begin.get(), ws.pass_rows.get());
 }
 
 void moe_combine(const uint16_t* expert_out, const int32_t* topk_ids, int tokens, int k, int experts, int hidden,
@@ -151,11 +155,9 @@ void moe_combine(const uint16_t* expert_out, const int32_t* topk_ids, int tokens
   if (k > kMaxK || hidden % 8) fail("moe_combine: k {} (at most {}) / hidden {} (multiple of 8)", k, kMaxK, hidden);
   constexpr int kThreads = 128;
   dim3 grid((hidden / 8 + kThreads - 1) / kThreads, tokens);
-  moe_combine_kernel<<<grid, kThreads, 0, stream>>>(reinterpret_cast<const __nv_bfloat16*>(expert_out), topk_ids, k,
-                                                    experts, hidden,
-                                                    reinterpret_cast<const __nv_bfloat16*>(shared_or_null),
-                                                    reinterpret_cast<__nv_bfloat16*>(out));
-  DSV4_CUDA_CHECK_LAUNCH();
+  launch_programmatic(moe_combine_kernel, grid, dim3(kThreads), 0, stream,
+                      reinterpret_cast<const __nv_bfloat16*>(expert_out), topk_ids, k, experts, hidden,
+                      reinterpret_cast<const __nv_bfloat16*>(shared_or_null), reinterpret_cast<__nv_bfloat16*>(out));
 }
 
 }  // namespace dsv4::cuda

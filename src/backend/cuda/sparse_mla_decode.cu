@@ -1,18 +1,23 @@
 // Split-KV sparse-MLA decode (SPEC §3.6) on the FP8 paged cache, with mma.sync bf16 tensor cores
 // (sm_80+ instructions, so the same code builds for sm_90a and sm_120a).
 //
-// A CTA handles one job = (query token, group of 16/32/64 heads) over a range of 64-position blocks
-// of the query's entry list. Per block:
-//   1. cp.async the 64 raw entries (576 B + 8 scale bytes each; −1 slots zero-filled) into smem,
-//      overlapping the previous block's math;
-//   2. dequantise FP8 → bf16 into a [64 × 512] tile (every value converted once per CTA);
-//   3. warp (row group r, half c) computes S = Q[16 heads] · K[32 entries]ᵀ over 512 dims, the two
-//      warps of a row group exchange row maxima, compute p = exp(s − m) in f32, round P to bf16 and
-//      exchange it through smem;
-//   4. the same warp accumulates O[16 heads, 256 dims of half c] += P[16 × 64] · V[64 × 256].
+// A CTA handles one job = (query token, group of 16/32/64 heads) over a range of blocks of kBlock
+// (64 or 32) positions of the query's entry list. Per block:
+//   1. cp.async the raw entries (576 B + 8 scale bytes each; −1 slots zero-filled) into smem, one
+//      warp instruction per 512 contiguous bytes, overlapping the previous block's math;
+//   2. dequantise FP8 → bf16 into a [kBlock × 512] tile (every value converted once per CTA);
+//   3. warp (row group r, half c) computes S = Q[16 heads] · K[kBlock/2 entries]ᵀ over 512 dims, the
+//      two warps of a row group exchange row maxima, compute p = exp(s − m) in f32, round P to bf16
+//      and exchange it through smem;
+//   4. the same warp accumulates O[16 heads, 256 dims of half c] += P[16 × kBlock] · V[kBlock × 256].
 // Keys = values, so the bf16 tile is read as K (ldmatrix) and as V (ldmatrix.trans).
 // The plan (sparse_mla_plan.cu) gives each CTA a contiguous range of blocks; jobs cut between CTAs
-// write f32 partials (m, l, acc) and a combine kernel merges them with exp(m_i − m) weights.
+// write f32 partials (m, l, acc) and a combine kernel merges them with exp(m_i − m) weights. Both
+// kernels are launched as programmatic dependents (PDL) so their launch latency hides behind the
+// kernel before them; each waits for it before reading anything.
+// kBlock is also the online-softmax block: 64 is the reference's; 32 (small batches: twice the CTAs
+// per list, and the tile that fits sm_120's shared memory) rounds P against a running max that may
+// be updated mid-block, which is within bf16 rounding of the reference, as a split already is.
 #include "backend/cuda/sparse_mla_decode.h"
 
 #include <cuda_fp16.h>
@@ -26,32 +31,43 @@
 
 namespace dsv4::cuda {
 
-int sparse_mla_ctas_per_sm(int heads_per_cta);
+int sparse_mla_ctas_per_sm(int heads_per_cta, int block_entries, int row_group_warps);
 
 namespace {
 
 namespace kl = dsv4::kv_layout;
 constexpr int kD = kl::kHeadDim;     // 512
-constexpr int kBlock = 64;           // list positions per online-softmax block (reference's)
 constexpr int kRowBytes = kD * 2 + 16;        // bf16 row + 16 B: ldmatrix's 8 rows hit 8 distinct bank groups
-constexpr int kPRowBytes = kBlock * 2 + 16;
-constexpr int kLoadItemsPerEntry = kl::kEntryDataBytes / 16 + 1;  // 36 data chunks + the scale bytes
-constexpr int kDequantItemsPerEntry = kl::kNopeDim / 8 + kl::kRopeDim * 2 / 16;  // 56 nope × 8 + 8 rope × 16 B
+constexpr int kRawRowBytes = kl::kEntryDataBytes + 16;  // 592: the dequantiser's lanes (one entry each) hit distinct banks
+constexpr int kChunksPerEntry = kl::kEntryDataBytes / 16;  // 36 × 16 B: 28 e4m3 (nope) + 8 bf16 (rope)
+constexpr int kNopeChunks = kl::kNopeDim / 16;
+static_assert(kl::kNopeDim % 64 == 0 && kChunksPerEntry == 36, "entry layout");
 
-template <int kHeads>
+// kSplit warps share each 16-head row group: warp c of the group takes entries
+// [c·kBlock/kSplit, (c+1)·kBlock/kSplit) of S = Q·Kᵀ and dims [c·512/kSplit, …) of O = P·V.
+template <int kHeads, int kBlock, int kSplit>
 struct Layout {
   static constexpr int kRowGroups = kHeads / 16;
-  static constexpr int kWarps = 2 * kRowGroups;
+  static constexpr int kWarps = kSplit * kRowGroups;
   static constexpr int kThreads = 32 * kWarps;
+  static constexpr int kWarpEntries = kBlock / kSplit;  // entries per warp in S
+  static constexpr int kNTiles = kWarpEntries / 8;      // n8 tiles of S per warp
+  static constexpr int kWarpDims = kD / kSplit;         // output dims per warp
+  static constexpr int kDimTiles = kWarpDims / 8;       // n8 tiles of O per warp
+  static constexpr int kPRowBytes = kBlock * 2 + 16;
   static constexpr int q = 0;
   static constexpr int kv = q + kHeads * kRowBytes;
   static constexpr int raw = kv + kBlock * kRowBytes;
-  static constexpr int raw_scales = raw + kBlock * kl::kEntryDataBytes;
+  static constexpr int raw_scales = raw + kBlock * kRawRowBytes;
   static constexpr int p = raw_scales + kBlock * 8;
-  static constexpr int row_max = p + kHeads * kPRowBytes;  // [2 halves][kHeads] f32
-  static constexpr int row_sum = row_max + 2 * kHeads * 4;
-  static constexpr int ids = row_sum + 2 * kHeads * 4;     // [2 parities][64] entry ids (−1 = none)
+  static constexpr int row_max = p + kHeads * kPRowBytes;  // [kSplit][kHeads] f32
+  static constexpr int row_sum = row_max + kSplit * kHeads * 4;
+  static constexpr int src = row_sum + kSplit * kHeads * 4;  // [2 parities][kBlock] entry data pointers (null = none)
+  static constexpr int ids = src + 2 * kBlock * 8;           // [2 parities][kBlock] entry ids (−1 = none)
   static constexpr int bytes = ids + 2 * kBlock * 4;
+  static_assert(kBlock == 32 || kBlock == 64, "block of 32 or 64 positions");
+  static_assert((kSplit == 2 || kSplit == 4) && kNTiles >= 1, "2 or 4 warps per row group, ≥ 8 entries each");
+  static_assert(kWarpDims * kSplit == kD && kDimTiles % 2 == 0, "whole 16-dim steps of O per warp");
 };
 
 struct KernelParams {
@@ -68,9 +84,9 @@ struct KernelParams {
 __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
 }
-// Barrier among the two warps (64 threads) of one row group; id 0 is __syncthreads'.
-__device__ __forceinline__ void pair_barrier(int row_group) {
-  asm volatile("bar.sync %0, 64;\n" ::"r"(row_group + 1) : "memory");
+// Barrier among the warps of one row group; id 0 is __syncthreads'.
+__device__ __forceinline__ void group_barrier(int row_group, int threads) {
+  asm volatile("bar.sync %0, %1;\n" ::"r"(row_group + 1), "r"(threads) : "memory");
 }
 
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
@@ -86,42 +102,104 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two, float scale) 
 __device__ __forceinline__ float e8m0_to_float(uint8_t e) {
   return e == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(uint32_t(e) << 23);
 }
+// Scale codes the fast conversion takes: 2^(code − 127 + 112) must be a normal bf16.
+__device__ __forceinline__ bool fast_scale_code(uint32_t code) { return code >= 1 && code <= 142; }
+// Fast form, 5 instructions per pair: the hardware e4m3x2 → f16x2 conversion, then f16 → bf16 by
+// moving the exponent field ((h & 0x7fff) >> 3 is the bf16 pattern of h · 2^-112, exact because an
+// e4m3 value is a normal f16 whose low 7 mantissa bits are zero; the other half's bits that the
+// shift brings in are those zero bits), then one bf16x2 multiply by folded = 2^(code − 15) in both
+// halves, also exact.
+__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_fast(uint32_t two, uint32_t folded) {
+  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xffffu), __NV_E4M3);
+  const uint32_t h = uint32_t(hr.x) | (uint32_t(hr.y) << 16);
+  const uint32_t bits = ((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u);
+  __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits),
+                             *reinterpret_cast<const __nv_bfloat162*>(&folded));
+  return *reinterpret_cast<const uint32_t*>(&r);
+}
+// 16 e4m3 of one 64-dim scale group → 16 bf16 (lo: the first 8).
+__device__ __forceinline__ void dequant16(const uint4& v, uint32_t code, uint4& lo, uint4& hi) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+  uint32_t o[8];
+  if (fast_scale_code(code)) {
+    const uint32_t folded = ((code + 112u) << 7) * 0x10001u;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      o[2 * i] = e4m3x2_to_bf16x2_fast(w[i], folded);
+      o[2 * i + 1] = e4m3x2_to_bf16x2_fast(w[i] >> 16, folded);
+    }
+  } else {  // scales above 2^15 or code 0: through f32
+    const float sc = e8m0_to_float(uint8_t(code));
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      o[2 * i] = e4m3x2_to_bf16x2(w[i], sc);
+      o[2 * i + 1] = e4m3x2_to_bf16x2(w[i] >> 16, sc);
+    }
+  }
+  lo = make_uint4(o[0], o[1], o[2], o[3]);
+  hi = make_uint4(o[4], o[5], o[6], o[7]);
+}
 
 // Merges the `n` partials of one job's head `hl` for the 4 dims at float4 index t:
-// o = Σ w_i acc_i / (Σ w_i l_i + exp(sink − M)), w_i = exp(m_i − M). L2 loads (__ldcg): the
-// partials come from other CTAs of the same launch.
+// o = Σ w_i acc_i / (Σ w_i l_i + exp(sink − M)), w_i = exp(m_i − M), M = max_i m_i, in one pass
+// with a running maximum (the running sums are rescaled whenever it grows). The loads of 8 pieces
+// are issued together: the merge costs a few memory latencies, not one per piece. L2 loads
+// (__ldcg): the partials come from other CTAs.
 __device__ __forceinline__ void combine_head_dims(const KernelParams& p, int heads_per_cta, int job, int first, int n,
                                                   int hl, int t) {
-  float big = -INFINITY;
-  for (int i = 0; i < n; ++i) big = fmaxf(big, __ldcg(&p.plan.partial_ml[size_t(first + i) * heads_per_cta + hl]).x);
-  const float mu = big == -INFINITY ? 0.f : big;
-  float sum = 0.f;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
-  for (int i = 0; i < n; ++i) {
-    const float2 ml = __ldcg(&p.plan.partial_ml[size_t(first + i) * heads_per_cta + hl]);
-    const float w = __expf(ml.x - mu);
-    sum += w * ml.y;
-    const float4 v =
-        __ldcg(reinterpret_cast<const float4*>(p.plan.partial_acc + (size_t(first + i) * heads_per_cta + hl) * 512) + t);
-    acc.x += w * v.x;
-    acc.y += w * v.y;
-    acc.z += w * v.z;
-    acc.w += w * v.w;
-  }
+  constexpr int kBatch = 8;
+  const float2* ml_of = p.plan.partial_ml + size_t(first) * heads_per_cta + hl;
+  const float4* acc_of = reinterpret_cast<const float4*>(p.plan.partial_acc + (size_t(first) * heads_per_cta + hl) * 512) + t;
+  const size_t acc_stride = size_t(heads_per_cta) * 512 / 4;
   const int query = job / p.head_groups, head = (job % p.head_groups) * heads_per_cta + hl;
-  const float inv = 1.f / (sum + __expf(p.a.sink[head] - mu));
+  const float sink = p.a.sink[head];
+  float mu = -INFINITY, sum = 0.f;
+  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  for (int i0 = 0; i0 < n; i0 += kBatch) {
+    float2 ml[kBatch];
+    float4 v[kBatch];
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const bool ok = i0 + j < n;
+      ml[j] = ok ? __ldcg(ml_of + size_t(i0 + j) * heads_per_cta) : make_float2(-INFINITY, 0.f);
+      v[j] = ok ? __ldcg(acc_of + (i0 + j) * acc_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
+    }
+    float m_batch = mu;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) m_batch = fmaxf(m_batch, ml[j].x);
+    const float m_use = m_batch == -INFINITY ? 0.f : m_batch;
+    const float rescale = __expf(mu - m_use);  // 0 while nothing was merged (mu = −inf)
+    sum *= rescale;
+    acc.x *= rescale;
+    acc.y *= rescale;
+    acc.z *= rescale;
+    acc.w *= rescale;
+#pragma unroll
+    for (int j = 0; j < kBatch; ++j) {
+      const float w = __expf(ml[j].x - m_use);  // 0 for padding and empty pieces
+      sum += w * ml[j].y;
+      acc.x += w * v[j].x;
+      acc.y += w * v[j].y;
+      acc.z += w * v[j].z;
+      acc.w += w * v[j].w;
+    }
+    mu = m_batch;
+  }
+  const float m_final = mu == -INFINITY ? 0.f : mu;
+  const float inv = 1.f / (sum + __expf(sink - m_final));
   const uint2 packed = make_uint2(pack_bf16(acc.x * inv, acc.y * inv), pack_bf16(acc.z * inv, acc.w * inv));
   reinterpret_cast<uint2*>(p.a.out + (size_t(query) * p.n_heads + head) * 512)[t] = packed;
 }
 
 // ---- One piece: job × [block_begin, block_end) --------------------------------------------------
-template <int kHeads>
+template <int kHeads, int kBlock, int kSplit>
 __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int block_begin, int block_end,
                           int partial_slot) {
-  using L = Layout<kHeads>;
+  using L = Layout<kHeads, kBlock, kSplit>;
   const SparseMlaArgs& a = p.a;
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int r = warp % L::kRowGroups, c = warp / L::kRowGroups;  // row group (16 heads), half
+  const int r = warp % L::kRowGroups, c = warp / L::kRowGroups;  // row group (16 heads), part
+  const int group_threads = 32 * kSplit;
   const int gid = lane / 4, tig = lane % 4;
   const int query = job / p.head_groups, head0 = (job % p.head_groups) * kHeads;
   const int len = a.list_lengths ? min(a.list_lengths[query], a.list_stride) : a.list_stride;
@@ -132,42 +210,52 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
   const uint32_t s_q = smem_u32(smem + L::q), s_kv = smem_u32(smem + L::kv), s_p = smem_u32(smem + L::p);
   const uint32_t s_raw = smem_u32(smem + L::raw), s_raw_scales = smem_u32(smem + L::raw_scales);
 
-  // Entry id of list position `pos` (−1 past the list's length), read by threads 0..63.
+  // Entry id of list position `pos` (−1 past the list's length), read by threads 0..kBlock-1.
   auto entry_id = [&](int pos) -> int32_t { return pos < len ? list[pos] : -1; };
-  // Issues the cp.async of one block whose ids are already in smem (no dependent global loads).
-  auto issue_block_load = [&](int block, int parity) {
-    const int32_t* block_ids = ids + parity * kBlock;
-    for (int i = tid; i < kBlock * kLoadItemsPerEntry; i += L::kThreads) {
-      const int e = i / kLoadItemsPerEntry, part = i % kLoadItemsPerEntry;
-      const int32_t g = block_ids[e];
-      const bool ok = g >= 0;
-      const uint8_t* pool = block * kBlock + e < a.window_len ? a.window_pool : a.compressed_pool;
+  // Stores the id of position `pos` and its entry's data address (null for none) in slot `parity`.
+  const uint8_t** srcs = reinterpret_cast<const uint8_t**>(smem + L::src);
+  auto stage_entry = [&](int pos, int32_t g, int parity) {
+    const uint8_t* pool = pos < a.window_len ? a.window_pool : a.compressed_pool;
+    ids[parity * kBlock + tid] = g;
+    srcs[parity * kBlock + tid] = g >= 0 ? pool + kl::kv_entry_data_offset(g) : nullptr;
+  };
+  // Issues the cp.async of one staged block. Warp w copies entries w, w + kWarps, …: lanes 0–31
+  // its first 512 bytes, lanes 0–3 the last 64, lane 4 the scale bytes (at a fixed offset from the
+  // data in the entry's page), so each instruction reads contiguous memory.
+  constexpr int kLoopUnroll = kSplit == 4 ? 1 : 2;  // 1: the 512-thread CTA's 128-register budget
+  auto issue_block_load = [&](int parity) {
+#pragma unroll kLoopUnroll
+    for (int e = warp; e < kBlock; e += L::kWarps) {
+      const uint8_t* src = srcs[parity * kBlock + e];
+      const bool ok = src != nullptr;
       // Missing entries are zero-filled (src size 0) so that P·V sees finite zeros.
-      if (part < kLoadItemsPerEntry - 1) {
-        const void* src = ok ? static_cast<const void*>(pool + kl::kv_entry_data_offset(g) + part * 16) : list;
-        cp_async16(s_raw + e * kl::kEntryDataBytes + part * 16, src, ok ? 16 : 0);
-      } else {
-        const void* src = ok ? static_cast<const void*>(pool + kl::kv_entry_scale_offset(g)) : list;
-        cp_async8(s_raw_scales + e * 8, src, ok ? 8 : 0);
+      if (!ok) src = reinterpret_cast<const uint8_t*>(list);
+      const uint32_t dst = s_raw + e * kRawRowBytes;
+      cp_async16(dst + lane * 16, src + (ok ? lane * 16 : 0), ok ? 16 : 0);
+      if (lane < 4) {
+        cp_async16(dst + 512 + lane * 16, src + (ok ? 512 + lane * 16 : 0), ok ? 16 : 0);
+      } else if (lane == 4) {
+        cp_async8(s_raw_scales + e * 8, ok ? src + kl::kv_scale_from_data_delta(ids[parity * kBlock + e]) : src,
+                  ok ? 8 : 0);
       }
     }
     cp_async_commit();
   };
 
   __syncthreads();  // the previous piece is done with every buffer
+  if (tid < kBlock) stage_entry(block_begin * kBlock + tid, entry_id(block_begin * kBlock + tid), 0);
   {
     const __nv_bfloat16* q_src = a.q + (size_t(query) * p.n_heads + head0) * kD;
     for (int i = tid; i < kHeads * (kD / 8); i += L::kThreads)
       cp_async16(s_q + (i / (kD / 8)) * kRowBytes + (i % (kD / 8)) * 16, q_src + size_t(i) * 8, 16);
   }
-  if (tid < kBlock) ids[tid] = entry_id(block_begin * kBlock + tid);
   __syncthreads();
-  issue_block_load(block_begin, 0);
+  issue_block_load(0);
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
-  float o[32][4];
+  float o[L::kDimTiles][4];
 #pragma unroll
-  for (int i = 0; i < 32; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
+  for (int i = 0; i < L::kDimTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
 
   for (int block = block_begin; block < block_end; ++block) {
     const int parity = (block - block_begin) & 1;
@@ -175,53 +263,60 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
     const int32_t next_id = tid < kBlock && block + 1 < block_end ? entry_id((block + 1) * kBlock + tid) : -1;
     cp_async_wait_all();
     __syncthreads();
-    // Dequantise: nope items convert 8 e4m3 → 8 bf16 (16 B store), rope items copy 16 B.
-    for (int i = tid; i < kBlock * kDequantItemsPerEntry; i += L::kThreads) {
-      const int e = i / kDequantItemsPerEntry, part = i % kDequantItemsPerEntry;
-      const uint8_t* src_row = smem + L::raw + e * kl::kEntryDataBytes;
+    // Dequantise, one 16-byte chunk per item: lanes take consecutive entries of one chunk (the chunk,
+    // hence the branch, is warp-uniform), nope chunks become 16 bf16, rope chunks are copied.
+#pragma unroll kLoopUnroll
+    for (int i = tid; i < kBlock * kChunksPerEntry; i += L::kThreads) {
+      const int e = i % kBlock, chunk = i / kBlock;
+      const uint4 v = *reinterpret_cast<const uint4*>(smem + L::raw + e * kRawRowBytes + chunk * 16);
       uint8_t* dst_row = smem + L::kv + e * kRowBytes;
-      if (part < kl::kNopeDim / 8) {
-        const uint2 v = *reinterpret_cast<const uint2*>(src_row + part * 8);
-        const float s = e8m0_to_float(smem[L::raw_scales + e * 8 + part / 8]);
-        *reinterpret_cast<uint4*>(dst_row + part * 16) =
-            make_uint4(e4m3x2_to_bf16x2(v.x, s), e4m3x2_to_bf16x2(v.x >> 16, s), e4m3x2_to_bf16x2(v.y, s),
-                       e4m3x2_to_bf16x2(v.y >> 16, s));
+      if (chunk < kNopeChunks) {
+        uint4 lo, hi;
+        dequant16(v, smem[L::raw_scales + e * 8 + chunk / 4], lo, hi);
+        *reinterpret_cast<uint4*>(dst_row + chunk * 32) = lo;
+        *reinterpret_cast<uint4*>(dst_row + chunk * 32 + 16) = hi;
       } else {
-        const int chunk = part - kl::kNopeDim / 8;
-        *reinterpret_cast<uint4*>(dst_row + kl::kNopeDim * 2 + chunk * 16) =
-            *reinterpret_cast<const uint4*>(src_row + kl::kNopeDim + chunk * 16);
+        *reinterpret_cast<uint4*>(dst_row + kl::kNopeDim * 2 + (chunk - kNopeChunks) * 16) = v;
       }
     }
-    if (tid < kBlock) ids[(parity ^ 1) * kBlock + tid] = next_id;
+    if (tid < kBlock) stage_entry((block + 1) * kBlock + tid, next_id, parity ^ 1);
     __syncthreads();
-    if (block + 1 < block_end) issue_block_load(block + 1, parity ^ 1);
+    if (block + 1 < block_end) issue_block_load(parity ^ 1);
 
-    // S = Q · Kᵀ: 16 heads × 32 entries (this warp's half of the block), k = 512.
-    float s[4][4];
+    // S = Q · Kᵀ: 16 heads × kWarpEntries entries (this warp's part of the block), k = 512.
+    float s[L::kNTiles][4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
+    for (int i = 0; i < L::kNTiles; ++i) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.f;
     const int mi = lane >> 3;
     const uint32_t q_addr = s_q + (16 * r + (lane & 15)) * kRowBytes + (lane >> 4) * 16;
-    const uint32_t k_addr = s_kv + (32 * c + (mi >> 1) * 8 + (lane & 7)) * kRowBytes + (mi & 1) * 16;
-#pragma unroll 8
+    const uint32_t k_row0 = s_kv + L::kWarpEntries * c * kRowBytes;
+    constexpr int kQkUnroll = kSplit == 4 ? 2 : 8;  // 2: the 512-thread CTA's 128-register budget
+#pragma unroll kQkUnroll
     for (int ks = 0; ks < kD / 16; ++ks) {
-      uint32_t qa[4], kb[4];
+      uint32_t qa[4];
       ldsm_x4(qa, q_addr + ks * 32);
-      ldsm_x4(kb, k_addr + ks * 32);
-      mma_bf16(s[0], qa, kb[0], kb[1]);
-      mma_bf16(s[1], qa, kb[2], kb[3]);
-      ldsm_x4(kb, k_addr + 16 * kRowBytes + ks * 32);
-      mma_bf16(s[2], qa, kb[0], kb[1]);
-      mma_bf16(s[3], qa, kb[2], kb[3]);
+      if constexpr (L::kNTiles == 1) {
+        uint32_t kb[2];
+        ldsm_x2(kb, k_row0 + (lane & 7) * kRowBytes + ((lane >> 3) & 1) * 16 + ks * 32);
+        mma_bf16(s[0], qa, kb[0], kb[1]);
+      } else {
+#pragma unroll
+        for (int j = 0; j < L::kNTiles / 2; ++j) {
+          uint32_t kb[4];
+          ldsm_x4(kb, k_row0 + (j * 16 + (mi >> 1) * 8 + (lane & 7)) * kRowBytes + (mi & 1) * 16 + ks * 32);
+          mma_bf16(s[2 * j], qa, kb[0], kb[1]);
+          mma_bf16(s[2 * j + 1], qa, kb[2], kb[3]);
+        }
+      }
     }
-    // Scale, mask, row maxima over the whole 64-entry block (both halves).
+    // Scale, mask, row maxima over the whole block (all parts).
     const int32_t* ok = ids + parity * kBlock;
     float mx[2] = {-INFINITY, -INFINITY};
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt)
+    for (int nt = 0; nt < L::kNTiles; ++nt)
 #pragma unroll
       for (int e = 0; e < 2; ++e) {
-        const bool v = ok[32 * c + nt * 8 + 2 * tig + e] >= 0;
+        const bool v = ok[L::kWarpEntries * c + nt * 8 + 2 * tig + e] >= 0;
         s[nt][e] = v ? s[nt][e] * a.scale : -INFINITY;
         s[nt][2 + e] = v ? s[nt][2 + e] * a.scale : -INFINITY;
         mx[0] = fmaxf(mx[0], s[nt][e]);
@@ -233,46 +328,53 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
       mx[h] = fmaxf(mx[h], __shfl_xor_sync(0xffffffffu, mx[h], 2));
       if (tig == 0) row_max[c * kHeads + 16 * r + gid + 8 * h] = mx[h];
     }
-    pair_barrier(r);
+    group_barrier(r, group_threads);
     float alpha[2], m_use[2];
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
-      const float m_new = fmaxf(m[h], fmaxf(mx[h], row_max[(1 - c) * kHeads + 16 * r + gid + 8 * h]));
+      float m_new = fmaxf(m[h], mx[h]);
+#pragma unroll
+      for (int o2 = 1; o2 < kSplit; ++o2)
+        m_new = fmaxf(m_new, row_max[((c + o2) % kSplit) * kHeads + 16 * r + gid + 8 * h]);
       m_use[h] = m_new == -INFINITY ? 0.f : m_new;  // nothing valid yet: keep the state empty
       alpha[h] = __expf(m[h] - m_use[h]);
       m[h] = m_new;
     }
     // p in f32 (sum in f32), rounded to bf16 for P·V (SPEC §3.11.6).
     float psum[2] = {0.f, 0.f};
-    uint8_t* p_row = smem + L::p + (16 * r + gid) * kPRowBytes + (32 * c + 2 * tig) * 2;
+    uint8_t* p_row = smem + L::p + (16 * r + gid) * L::kPRowBytes + (L::kWarpEntries * c + 2 * tig) * 2;
 #pragma unroll
-    for (int nt = 0; nt < 4; ++nt) {
+    for (int nt = 0; nt < L::kNTiles; ++nt) {
       const float p0 = __expf(s[nt][0] - m_use[0]), p1 = __expf(s[nt][1] - m_use[0]);
       const float p2 = __expf(s[nt][2] - m_use[1]), p3 = __expf(s[nt][3] - m_use[1]);
       psum[0] += p0 + p1;
       psum[1] += p2 + p3;
       *reinterpret_cast<uint32_t*>(p_row + nt * 16) = pack_bf16(p0, p1);
-      *reinterpret_cast<uint32_t*>(p_row + 8 * kPRowBytes + nt * 16) = pack_bf16(p2, p3);
+      *reinterpret_cast<uint32_t*>(p_row + 8 * L::kPRowBytes + nt * 16) = pack_bf16(p2, p3);
     }
     l[0] = l[0] * alpha[0] + psum[0];
     l[1] = l[1] * alpha[1] + psum[1];
+    // Once the running maxima settle every alpha is exactly 1 (exp(0)); skipping is then exact.
+    if (__any_sync(0xffffffffu, alpha[0] != 1.f || alpha[1] != 1.f)) {
 #pragma unroll
-    for (int nt = 0; nt < 32; ++nt) {
-      o[nt][0] *= alpha[0];
-      o[nt][1] *= alpha[0];
-      o[nt][2] *= alpha[1];
-      o[nt][3] *= alpha[1];
+      for (int nt = 0; nt < L::kDimTiles; ++nt) {
+        o[nt][0] *= alpha[0];
+        o[nt][1] *= alpha[0];
+        o[nt][2] *= alpha[1];
+        o[nt][3] *= alpha[1];
+      }
     }
-    pair_barrier(r);
-    // O[16 heads, 256 dims of half c] += P[16 × 64] · V[64 × 256].
-    const uint32_t p_addr = s_p + (16 * r + (lane & 15)) * kPRowBytes + (lane >> 4) * 16;
-    const uint32_t v_addr = s_kv + ((mi & 1) * 8 + (lane & 7)) * kRowBytes + (256 * c + (mi >> 1) * 8) * 2;
+    group_barrier(r, group_threads);
+    // O[16 heads, kWarpDims dims of part c] += P[16 × kBlock] · V[kBlock × kWarpDims].
+    const uint32_t p_addr = s_p + (16 * r + (lane & 15)) * L::kPRowBytes + (lane >> 4) * 16;
+    const uint32_t v_addr =
+        s_kv + ((mi & 1) * 8 + (lane & 7)) * kRowBytes + (L::kWarpDims * c + (mi >> 1) * 8) * 2;
 #pragma unroll
     for (int ks = 0; ks < kBlock / 16; ++ks) {
       uint32_t pa[4];
       ldsm_x4(pa, p_addr + ks * 32);
 #pragma unroll
-      for (int j = 0; j < 16; ++j) {
+      for (int j = 0; j < L::kDimTiles / 2; ++j) {
         uint32_t vb[4];
         ldsm_x4_trans(vb, v_addr + ks * 16 * kRowBytes + j * 32);
         mma_bf16(o[2 * j], pa, vb[0], vb[1]);
@@ -281,18 +383,20 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
     }
   }
 
-  // Row sums: the quad, then the partner warp (the other 32 entries of every block).
+  // Row sums: the quad, then the group's other warps (the other parts of every block).
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 1);
     l[h] += __shfl_xor_sync(0xffffffffu, l[h], 2);
     if (tig == 0) row_sum[c * kHeads + 16 * r + gid + 8 * h] = l[h];
   }
-  pair_barrier(r);
+  group_barrier(r, group_threads);
 #pragma unroll
-  for (int h = 0; h < 2; ++h) l[h] += row_sum[(1 - c) * kHeads + 16 * r + gid + 8 * h];
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int o2 = 1; o2 < kSplit; ++o2) l[h] += row_sum[((c + o2) % kSplit) * kHeads + 16 * r + gid + 8 * h];
 
-  const int dim0 = 256 * c + 2 * tig;
+  const int dim0 = L::kWarpDims * c + 2 * tig;
   if (partial_slot < 0) {
     // Whole list in this CTA: add the sink (a logit with a zero value vector) and write bf16.
 #pragma unroll
@@ -302,7 +406,7 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
       const float inv = 1.f / (l[h] + __expf(a.sink[head] - mu));
       __nv_bfloat16* dst = a.out + (size_t(query) * p.n_heads + head) * kD + dim0;
 #pragma unroll
-      for (int nt = 0; nt < 32; ++nt)
+      for (int nt = 0; nt < L::kDimTiles; ++nt)
         *reinterpret_cast<uint32_t*>(dst + nt * 8) = pack_bf16(o[nt][2 * h] * inv, o[nt][2 * h + 1] * inv);
     }
   } else {
@@ -311,12 +415,14 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
       const int hl = 16 * r + gid + 8 * h;
       float* dst = p.plan.partial_acc + (size_t(partial_slot) * kHeads + hl) * kD + dim0;
 #pragma unroll
-      for (int nt = 0; nt < 32; ++nt)
+      for (int nt = 0; nt < L::kDimTiles; ++nt)
         *reinterpret_cast<float2*>(dst + nt * 8) = make_float2(o[nt][2 * h], o[nt][2 * h + 1]);
       if (c == 0 && tig == 0) p.plan.partial_ml[size_t(partial_slot) * kHeads + hl] = make_float2(m[h], l[h]);
     }
-    if (p.fused_combine) {
+    if (kSplit == 2 && p.fused_combine) {  // the plan allows it only there
       // The last CTA to finish a piece of this job merges all its partials (threadfence reduction).
+      // One CTA then reads every partial of the job (at batch 1, 10–40 pieces × heads × 2 KB), which
+      // is why the separate combine kernel, spread over many CTAs, is the default.
       __shared__ int is_last;
       __threadfence();
       __syncthreads();
@@ -336,41 +442,55 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
   }
 }
 
-template <int kHeads>
-__global__ void __launch_bounds__(Layout<kHeads>::kThreads, 1) sparse_mla_decode_kernel(const KernelParams p) {
+// sm_120 (RTX PRO 6000) gives a block at most 99 KB of shared memory: configurations that need more
+// are never launched there (the plan checks the device), so their bodies are not compiled for it.
+template <int kBytes>
+__device__ constexpr bool fits_this_arch() {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1200
+  return kBytes <= 99 * 1024;
+#else
+  return true;
+#endif
+}
+
+template <int kHeads, int kBlock, int kSplit>
+__global__ void __launch_bounds__(Layout<kHeads, kBlock, kSplit>::kThreads, 1)
+    sparse_mla_decode_kernel(const KernelParams p) {
+  if constexpr (!fits_this_arch<Layout<kHeads, kBlock, kSplit>::bytes>()) {
+    __trap();
+  } else {
   extern __shared__ __align__(16) uint8_t smem[];
+  pdl_wait();  // q, lists and the plan come from earlier kernels
+  pdl_launch_dependents();  // the combine kernel may take idle SMs now; it waits for this grid
   if (!p.split) {  // baseline: CTA = job, whole list
     const int job = blockIdx.x;
     if (job >= p.jobs) return;
     const int query = job / p.head_groups;
     const int len = p.a.list_lengths ? min(p.a.list_lengths[query], p.a.list_stride) : p.a.list_stride;
-    run_piece<kHeads>(p, smem, job, 0, max(1, (len + kBlock - 1) / kBlock), -1);
+    run_piece<kHeads, kBlock, kSplit>(p, smem, job, 0, max(1, (len + kBlock - 1) / kBlock), -1);
     return;
   }
   const int per_cta = p.plan.meta[0], total = p.plan.meta[1];
   int unit = blockIdx.x * per_cta;
   const int unit_end = min(total, unit + per_cta);
   if (unit >= unit_end) return;
-  // The job holding `unit`: last j with job_unit_start[j] ≤ unit (starts strictly increase).
-  int lo = 0, hi = p.jobs - 1;
-  while (lo < hi) {
-    const int mid = (lo + hi + 1) / 2;
-    if (p.plan.job_unit_start[mid] <= unit) lo = mid; else hi = mid - 1;
-  }
-  for (int job = lo; unit < unit_end; ++job) {
+  for (int job = p.plan.cta_first_job[blockIdx.x]; unit < unit_end; ++job) {
     const int job_start = p.plan.job_unit_start[job], job_end = p.plan.job_unit_start[job + 1];
     const int end = min(unit_end, job_end);
     const int first_piece = p.plan.job_first_piece[job];
     const int pieces = p.plan.job_first_piece[job + 1] - first_piece;
     const int slot = pieces == 1 ? -1 : first_piece + int(blockIdx.x) - job_start / per_cta;
-    run_piece<kHeads>(p, smem, job, unit - job_start, end - job_start, slot);
+    run_piece<kHeads, kBlock, kSplit>(p, smem, job, unit - job_start, end - job_start, slot);
     unit = end;
+  }
   }
 }
 
 // Merges the partials of every job cut between CTAs: o = Σ w_i acc_i / (Σ w_i l_i + exp(sink − M)),
 // w_i = exp(m_i − M). 128 threads per (job, head), 4 dims each.
 __global__ void sparse_mla_combine_kernel(const KernelParams p, int heads_per_cta) {
+  pdl_wait();  // the decode kernel's partials
+  pdl_launch_dependents();
   const int items = p.jobs * heads_per_cta;
   const int per_block = blockDim.x / 128;
   for (int item = blockIdx.x * per_block + threadIdx.x / 128; item < items; item += gridDim.x * per_block) {
@@ -380,36 +500,54 @@ __global__ void sparse_mla_combine_kernel(const KernelParams p, int heads_per_ct
   }
 }
 
-template <int kHeads>
-void launch_decode(const SparseMlaPlan& plan, const KernelParams& kp, cudaStream_t stream) {
-  using L = Layout<kHeads>;
-  const int grid = kp.split ? plan.grid_ctas() : kp.jobs;
-  if (grid == 0) return;
-  sparse_mla_decode_kernel<kHeads><<<grid, L::kThreads, L::bytes, stream>>>(kp);
-  DSV4_CUDA_CHECK_LAUNCH();
-}
+// The kernel instances: heads per CTA × block entries × warps per row group.
+template <int kHeads, int kBlock, int kSplit>
+struct Config {
+  using L = Layout<kHeads, kBlock, kSplit>;
+  static void launch(int grid, const KernelParams& kp, cudaStream_t stream) {
+    launch_programmatic(sparse_mla_decode_kernel<kHeads, kBlock, kSplit>, dim3(grid), dim3(L::kThreads), L::bytes,
+                        stream, kp);
+  }
+  static int ctas_per_sm() {
+    int device = 0, optin = 0;
+    DSV4_CUDA_CHECK(cudaGetDevice(&device));
+    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    if (L::bytes > optin) return 0;
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_decode_kernel<kHeads, kBlock, kSplit>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, L::bytes));
+    int blocks = 0;
+    DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
+        &blocks, sparse_mla_decode_kernel<kHeads, kBlock, kSplit>, L::kThreads, L::bytes));
+    return blocks;
+  }
+};
 
-template <int kHeads>
-int ctas_per_sm() {
-  using L = Layout<kHeads>;
-  DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_decode_kernel<kHeads>, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                       L::bytes));
-  int blocks = 0;
-  DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(&blocks, sparse_mla_decode_kernel<kHeads>,
-                                                                L::kThreads, L::bytes));
-  DSV4_CHECK(blocks > 0, "sparse MLA decode: {} bytes of shared memory per CTA do not fit this GPU", L::bytes);
-  return blocks;
+// Calls f.template operator()<Config<…>>() for the configuration (h, b, s).
+template <typename F>
+auto with_config(int heads_per_cta, int block_entries, int row_group_warps, F&& f) {
+  const int key = heads_per_cta * 1000 + block_entries * 10 + row_group_warps;
+  switch (key) {
+    case 16322: return f(Config<16, 32, 2>{});
+    case 16324: return f(Config<16, 32, 4>{});
+    case 16642: return f(Config<16, 64, 2>{});
+    case 16644: return f(Config<16, 64, 4>{});
+    case 32322: return f(Config<32, 32, 2>{});
+    case 32324: return f(Config<32, 32, 4>{});
+    case 32642: return f(Config<32, 64, 2>{});
+    case 32644: return f(Config<32, 64, 4>{});
+    case 64322: return f(Config<64, 32, 2>{});
+    case 64324: return f(Config<64, 32, 4>{});
+    case 64642: return f(Config<64, 64, 2>{});
+    default: return f(Config<64, 64, 4>{});
+  }
 }
 
 }  // namespace
 
+// CTAs of one configuration that fit an SM of this GPU, 0 if its shared memory does not fit at all.
 // Also sets the kernel's shared-memory limit, so that capture never has to.
-int sparse_mla_ctas_per_sm(int heads_per_cta) {
-  switch (heads_per_cta) {
-    case 16: return ctas_per_sm<16>();
-    case 32: return ctas_per_sm<32>();
-    default: return ctas_per_sm<64>();
-  }
+int sparse_mla_ctas_per_sm(int heads_per_cta, int block_entries, int row_group_warps) {
+  return with_config(heads_per_cta, block_entries, row_group_warps, [](auto config) { return config.ctas_per_sm(); });
 }
 
 void sparse_mla_decode(const SparseMlaPlan& plan, const SparseMlaArgs& args, cudaStream_t stream) {
@@ -425,16 +563,13 @@ void sparse_mla_decode(const SparseMlaPlan& plan, const SparseMlaArgs& args, cud
                   plan.shape().split_kv,
                   plan.shape().fused_combine};
   kp.jobs = args.num_queries * kp.head_groups;
-  switch (hpc) {
-    case 16: launch_decode<16>(plan, kp, stream); break;
-    case 32: launch_decode<32>(plan, kp, stream); break;
-    default: launch_decode<64>(plan, kp, stream); break;
-  }
+  const int grid = kp.split ? plan.grid_ctas() : kp.jobs;
+  with_config(hpc, plan.block_entries(), plan.row_group_warps(),
+              [&](auto config) { config.launch(grid, kp, stream); });
   if (kp.split && !kp.fused_combine) {
     const int items = kp.jobs * hpc;
     const int grid = std::min((items + 1) / 2, 4 * plan.grid_ctas());
-    sparse_mla_combine_kernel<<<grid, 256, 0, stream>>>(kp, hpc);
-    DSV4_CUDA_CHECK_LAUNCH();
+    launch_programmatic(sparse_mla_combine_kernel, dim3(grid), dim3(256), 0, stream, kp, hpc);
   }
 }
 

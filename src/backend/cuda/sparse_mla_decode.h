@@ -7,8 +7,9 @@
 //   plan.compute(list_lengths, T, stream)  once per layer kind: split plan, reused by its layers
 //   sparse_mla_decode(plan, args, stream)  per layer
 // Numerics follow the reference kernel (cpu/sparse_mla_reference.h): f32 scores, online softmax in
-// f32 over blocks of 64 list positions, probabilities rounded to bf16 before P·V, f32 accumulation,
-// bf16 output. Split boundaries fall on those 64-position blocks; the combine rescales exactly.
+// f32 over blocks of 64 list positions (32 in the small-batch configuration), probabilities rounded
+// to bf16 before P·V, f32 accumulation, bf16 output. Split boundaries fall on those blocks; the
+// combine rescales exactly.
 #pragma once
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
@@ -24,6 +25,10 @@ struct SparseMlaShape {
   int max_queries = 1;    // query tokens per call (batch × s_q), upper bound
   int n_heads = 64;       // 64, or 32 / 16 on tensor-parallel ranks
   int heads_per_cta = 0;  // 16, 32 or 64 (≤ n_heads); 0 = chosen from max_queries
+  int block_entries = 0;  // list positions per work unit and softmax block: 64 or 32; 0 = chosen from
+                          // max_queries (and 32 where a 64-entry tile does not fit the GPU's smem)
+  int row_group_warps = 0;  // warps per 16-head row group (2 or 4: S's entries and O's dims are split
+                            // among them); 0 = 4, or 2 with the fused combine (which needs 2)
   bool split_kv = true;   // false: one CTA per (query, head group) over its whole list (baseline)
   // The last CTA of a split job merges its partials, else a separate combine kernel does. Off by
   // default: on the H200 the separate kernel measured 3.5–4× faster at batch 1–32 and within 5% at
@@ -31,8 +36,8 @@ struct SparseMlaShape {
   bool fused_combine = false;
 };
 
-// The device-side schedule (FlashMLA-style metadata) and the split partials. Work unit = one
-// 64-position block of one (query, head group) job; CTA c of a fixed grid takes units
+// The device-side schedule (FlashMLA-style metadata) and the split partials. Work unit = one block
+// of block_entries() positions of one (query, head group) job; CTA c of a fixed grid takes units
 // [c·P, (c+1)·P) of the concatenated jobs, P = ceil(total / grid). Jobs cut by a CTA boundary
 // write f32 partials that the combine kernel merges.
 class SparseMlaPlan {
@@ -47,6 +52,8 @@ class SparseMlaPlan {
 
   const SparseMlaShape& shape() const { return shape_; }
   int heads_per_cta() const { return heads_per_cta_; }
+  int block_entries() const { return block_entries_; }
+  int row_group_warps() const { return row_group_warps_; }
   int grid_ctas() const { return grid_ctas_; }  // CTAs the decode kernel launches ("SMs busy" bound)
 
   // Device state used by the kernels.
@@ -54,6 +61,7 @@ class SparseMlaPlan {
     const int32_t* meta;         // [0] units per CTA, [1] total units
     const int32_t* job_unit_start;   // [jobs + 1]
     const int32_t* job_first_piece;  // [jobs + 1]
+    const int32_t* cta_first_job;    // [grid] job holding the CTA's first unit
     float* partial_acc;          // [max_pieces, heads_per_cta, 512]
     float2* partial_ml;          // [max_pieces, heads_per_cta] (running max, sum)
     int32_t* job_done;           // [jobs] pieces finished (fused combine); the last CTA resets it to 0
@@ -64,9 +72,11 @@ class SparseMlaPlan {
  private:
   SparseMlaShape shape_;
   int heads_per_cta_ = 64;
+  int block_entries_ = 64;
+  int row_group_warps_ = 4;
   int grid_ctas_ = 0;
   int num_jobs_ = 0;
-  DeviceBuffer<int32_t> meta_, job_unit_start_, job_first_piece_, job_done_;
+  DeviceBuffer<int32_t> meta_, job_unit_start_, job_first_piece_, cta_first_job_, job_done_;
   DeviceBuffer<float> partial_acc_;
   DeviceBuffer<float2> partial_ml_;
 };

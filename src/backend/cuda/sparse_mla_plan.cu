@@ -2,18 +2,18 @@
 // output every layer with the same list lengths reuses) and the builder of the per-query entry lists.
 #include <algorithm>
 
+#include "backend/cuda/ptx_primitives.cuh"
 #include "backend/cuda/sparse_mla_decode.h"
 #include "backend/kv_cache_layout.h"
 
 namespace dsv4::cuda {
 
 // Shared with sparse_mla_decode.cu (its smem size decides how many CTAs fit on one SM).
-int sparse_mla_ctas_per_sm(int heads_per_cta);
+int sparse_mla_ctas_per_sm(int heads_per_cta, int block_entries, int row_group_warps);
 
 namespace {
 
 namespace kl = dsv4::kv_layout;
-constexpr int kBlock = 64;
 constexpr int kWindow = 128;
 constexpr int kPlanThreads = 1024;
 
@@ -45,15 +45,18 @@ __device__ int block_exclusive_scan(int v, int* total) {
 
 // One CTA. Thread t owns the contiguous job range [t·per, (t+1)·per) so both scans keep job order.
 __global__ void __launch_bounds__(kPlanThreads) sparse_mla_plan_kernel(
-    const int32_t* __restrict__ list_lengths, int num_queries, int list_stride, int head_groups, int grid_ctas,
-    int32_t* __restrict__ meta, int32_t* __restrict__ job_unit_start, int32_t* __restrict__ job_first_piece) {
+    const int32_t* __restrict__ list_lengths, int num_queries, int list_stride, int head_groups, int block,
+    int grid_ctas, int32_t* __restrict__ meta, int32_t* __restrict__ job_unit_start,
+    int32_t* __restrict__ job_first_piece, int32_t* __restrict__ cta_first_job) {
+  pdl_wait();  // the list lengths come from an earlier kernel
+  pdl_launch_dependents();
   const int jobs = num_queries * head_groups;
   const int per = (jobs + kPlanThreads - 1) / kPlanThreads;
   const int j0 = min(jobs, int(threadIdx.x) * per), j1 = min(jobs, j0 + per);
   auto units_of = [&](int job) {
     const int q = job / head_groups;
     const int len = list_lengths ? min(list_lengths[q], list_stride) : list_stride;
-    return max(1, (len + kBlock - 1) / kBlock);  // an empty list still writes its (zero) output
+    return max(1, (len + block - 1) / block);  // an empty list still writes its (zero) output
   };
   int mine = 0;
   for (int j = j0; j < j1; ++j) mine += units_of(j);
@@ -73,6 +76,8 @@ __global__ void __launch_bounds__(kPlanThreads) sparse_mla_plan_kernel(
     const int n = units_of(j);
     job_unit_start[j] = u;
     job_first_piece[j] = p;
+    // CTAs whose first unit lies in this job.
+    for (int c = (u + per_cta - 1) / per_cta; c * per_cta < u + n && c < grid_ctas; ++c) cta_first_job[c] = j;
     p += (u + n - 1) / per_cta - u / per_cta + 1;
     u += n;
   }
@@ -122,22 +127,40 @@ SparseMlaPlan::SparseMlaPlan(const SparseMlaShape& shape) : shape_(shape) {
              "sparse MLA: n_heads must be 16, 32 or 64, got {}", shape.n_heads);
   heads_per_cta_ = shape.heads_per_cta;
   if (heads_per_cta_ == 0) {
-    // Small batches: smaller head groups put more CTAs on the GPU (each keeps a 16-head warp tile).
-    heads_per_cta_ = shape.max_queries >= 8 ? 64 : shape.max_queries >= 2 ? 32 : 16;
+    // Small batches: smaller head groups put more CTAs on the GPU (measured on the H200 at batch 1:
+    // 32 heads × 32 entries beat 16 × 32 and 64 × 32/64, docs/perf/sparse_mla_indexer.md).
+    heads_per_cta_ = shape.max_queries >= 8 ? 64 : 32;
   }
   heads_per_cta_ = std::min(heads_per_cta_, shape.n_heads);
   DSV4_CHECK(heads_per_cta_ == 16 || heads_per_cta_ == 32 || heads_per_cta_ == 64,
              "sparse MLA: heads_per_cta must be 16, 32 or 64");
+  block_entries_ = shape.block_entries ? shape.block_entries : shape.max_queries >= 8 ? 64 : 32;
+  DSV4_CHECK(block_entries_ == 32 || block_entries_ == 64, "sparse MLA: block_entries must be 32 or 64, got {}",
+             block_entries_);
+  // The fused combine is compiled only into the 2-warp form (the 4-warp form has no registers to spare).
+  row_group_warps_ = shape.row_group_warps ? shape.row_group_warps : shape.fused_combine ? 2 : 4;
+  DSV4_CHECK(row_group_warps_ == 2 || row_group_warps_ == 4, "sparse MLA: row_group_warps must be 2 or 4, got {}",
+             row_group_warps_);
+  DSV4_CHECK(!shape.fused_combine || row_group_warps_ == 2, "sparse MLA: the fused combine needs row_group_warps 2");
+  // Also sets the kernel's smem limit. Where the tile does not fit (sm_120: ~99 KB per block), fall
+  // back to 32-entry blocks, then to smaller head groups.
+  int ctas_per_sm = sparse_mla_ctas_per_sm(heads_per_cta_, block_entries_, row_group_warps_);
+  if (ctas_per_sm == 0 && shape.block_entries == 0 && block_entries_ == 64)
+    ctas_per_sm = sparse_mla_ctas_per_sm(heads_per_cta_, block_entries_ = 32, row_group_warps_);
+  while (ctas_per_sm == 0 && shape.heads_per_cta == 0 && heads_per_cta_ > 16)
+    ctas_per_sm = sparse_mla_ctas_per_sm(heads_per_cta_ /= 2, block_entries_, row_group_warps_);
+  DSV4_CHECK(ctas_per_sm > 0, "sparse MLA decode: the {}-head × {}-entry tile does not fit this GPU's shared memory",
+             heads_per_cta_, block_entries_);
   const int head_groups = shape.n_heads / heads_per_cta_;
   num_jobs_ = shape.max_queries * head_groups;
   int device = 0, sms = 0;
   DSV4_CUDA_CHECK(cudaGetDevice(&device));
   DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
-  const int ctas_per_sm = sparse_mla_ctas_per_sm(heads_per_cta_);  // also sets the smem limit
   grid_ctas_ = shape.split_kv ? sms * ctas_per_sm : num_jobs_;
   meta_ = DeviceBuffer<int32_t>(2);
   job_unit_start_ = DeviceBuffer<int32_t>(num_jobs_ + 1);
   job_first_piece_ = DeviceBuffer<int32_t>(num_jobs_ + 1);
+  cta_first_job_ = DeviceBuffer<int32_t>(std::max(grid_ctas_, 1));
   job_done_ = DeviceBuffer<int32_t>(num_jobs_);
   job_done_.fill_bytes(0);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any capture
@@ -153,15 +176,14 @@ void SparseMlaPlan::compute(const int32_t* list_lengths, int num_queries, int li
   DSV4_CHECK(num_queries <= shape_.max_queries, "sparse MLA plan: {} queries > max {}", num_queries,
              shape_.max_queries);
   if (!shape_.split_kv) return;  // the unsplit kernel maps CTA = job
-  sparse_mla_plan_kernel<<<1, kPlanThreads, 0, stream>>>(list_lengths, num_queries, list_stride,
-                                                          shape_.n_heads / heads_per_cta_, grid_ctas_, meta_.get(),
-                                                          job_unit_start_.get(), job_first_piece_.get());
-  DSV4_CUDA_CHECK_LAUNCH();
+  launch_programmatic(sparse_mla_plan_kernel, dim3(1), dim3(kPlanThreads), 0, stream, list_lengths, num_queries,
+                      list_stride, shape_.n_heads / heads_per_cta_, block_entries_, grid_ctas_, meta_.get(),
+                      job_unit_start_.get(), job_first_piece_.get(), cta_first_job_.get());
 }
 
 SparseMlaPlan::View SparseMlaPlan::view() const {
-  return View{meta_.get(),       job_unit_start_.get(), job_first_piece_.get(), partial_acc_.get(),
-              partial_ml_.get(), job_done_.get(),        num_jobs_};
+  return View{meta_.get(),        job_unit_start_.get(), job_first_piece_.get(), cta_first_job_.get(),
+              partial_acc_.get(), partial_ml_.get(),     job_done_.get(),        num_jobs_};
 }
 
 void build_sparse_mla_lists(const SparseMlaListArgs& args, cudaStream_t stream) {
