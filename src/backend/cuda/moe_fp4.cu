@@ -262,7 +262,7 @@ void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_
   if (tokens <= 0) return;
   if (tokens > ws.max_tokens() || k != ws.k())
     fail("moe_fp4_forward: {} tokens × k {} exceed the workspace ({} tokens × k {})", tokens, k, ws.max_tokens(), ws.k());
-  moe_route_pairs(topk_ids, tokens, k, s.experts, ws, stream);
+  moe_route_pairs(topk_ids, tokens, k, s.experts, path == MoeFp4Path::W4A16Stream, ws, stream);
   if (s.format == MoeFp4Format::Mxfp4) run_path<MoeFp4Format::Mxfp4>(path, w, x, tokens, topk_weights, k, ws, stream);
   else run_path<MoeFp4Format::Nvfp4>(path, w, x, tokens, topk_weights, k, ws, stream);
   moe_combine(ws.expert_out.get(), topk_ids, tokens, k, s.experts, s.hidden, shared_or_null, out, stream);

@@ -146,8 +146,10 @@ void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& weights, const u
                           const uint16_t* shared_or_null, uint16_t* out, MoeWorkspace& ws, cudaStream_t stream);
 
 // Routing-side kernels (moe_routing.cu).
-// Groups the tokens·k pairs by expert into ws (slots, sorted_pairs, passes); one block, no host sync.
-void moe_route_pairs(const int32_t* topk_ids, int tokens, int k, int experts, MoeWorkspace& ws, cudaStream_t stream);
+// Groups the tokens·k pairs by expert into ws (slots, sorted_pairs and, with_passes, the passes the
+// streaming kernel reads); one block, no host sync.
+void moe_route_pairs(const int32_t* topk_ids, int tokens, int k, int experts, bool with_passes, MoeWorkspace& ws,
+                     cudaStream_t stream);
 // out[t] = bf( Σ_j expert_out[t·k+j] (in order of expert id) + shared[t] ).
 void moe_combine(const uint16_t* expert_out, const int32_t* topk_ids, int tokens, int k, int experts, int hidden,
                  const uint16_t* shared_or_null, uint16_t* out, cudaStream_t stream);

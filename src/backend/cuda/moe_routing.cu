@@ -16,7 +16,7 @@ namespace dsv4::cuda {
 namespace {
 
 constexpr int kRouteThreads = 1024;  // one thread per expert in the scans: E ≤ 1024
-constexpr int kMaxK = 32;
+constexpr int kMaxK = 16;  // top-k per token the combine handles (DeepSeek-V4-Flash: 6)
 
 // Exclusive block-wide prefix sums of two counters at once; returns the totals in *total_a/*total_b.
 __device__ void block_exclusive_scan2(int& a, int& b, int* total_a, int* total_b) {
@@ -73,16 +73,19 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const int32_t*
   // Slots past the active ones are marked empty, so a GEMM block needs one dependent load to start.
   if (tid >= active && tid < experts) slot_expert[tid] = -1;
   if (tid == 0) *active_count = active;
-  // Passes: each expert's pairs cut into runs of at most pass_cap rows, in expert order.
-  int passes = (c + pass_cap - 1) / pass_cap, unused = 0, total_passes, unused_total;
-  __syncthreads();  // the scan's shared totals are re-used
-  block_exclusive_scan2(passes, unused, &total_passes, &unused_total);
-  for (int i = 0; i * pass_cap < c; ++i) {
-    pass_expert[passes + i] = tid;
-    pass_begin[passes + i] = offset + i * pass_cap;
-    pass_rows[passes + i] = min(pass_cap, c - i * pass_cap);
+  // Passes: each expert's pairs cut into runs of at most pass_cap rows, in expert order (only the
+  // streaming kernel reads them; pass_cap 0 skips the second scan).
+  if (pass_cap > 0) {
+    int passes = (c + pass_cap - 1) / pass_cap, unused = 0, total_passes, unused_total;
+    __syncthreads();  // the scan's shared totals are re-used
+    block_exclusive_scan2(passes, unused, &total_passes, &unused_total);
+    for (int i = 0; i * pass_cap < c; ++i) {
+      pass_expert[passes + i] = tid;
+      pass_begin[passes + i] = offset + i * pass_cap;
+      pass_rows[passes + i] = min(pass_cap, c - i * pass_cap);
+    }
+    if (tid == 0) *pass_total = total_passes;
   }
-  if (tid == 0) *pass_total = total_passes;
   cursor[tid] = offset;
   __syncthreads();
   // Order inside an expert follows atomics: the GEMMs compute each pair's column independently, so the
@@ -93,7 +96,19 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const int32_t*
   }
 }
 
-// One thread = 8 channels of one token.
+// Adds 8 bf16 channels to sum.
+__device__ __forceinline__ void add_bf16x8(float (&sum)[8], const uint4& v) {
+  const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const float2 f = __bfloat1622float2(h[i]);
+    sum[2 * i] += f.x;
+    sum[2 * i + 1] += f.y;
+  }
+}
+
+// One thread = 8 channels of one token. The pairs' order (by expert id, then j) is settled first,
+// then all their loads go out together: one memory latency instead of one per expert.
 __global__ void moe_combine_kernel(const __nv_bfloat16* expert_out, const int32_t* ids, int k, int experts, int hidden,
                                    const __nv_bfloat16* shared, __nv_bfloat16* out) {
   pdl_wait();  // the down GEMM's expert outputs
@@ -101,38 +116,36 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* expert_out, const int32_
   const int t = blockIdx.y;
   const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
   if (c0 >= hidden) return;
+  int key[kMaxK];  // id·kMaxK + j, INT_MAX for pairs outside [0, E)
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j) {
+    const int e = j < k ? __ldg(&ids[t * k + j]) : -1;
+    key[j] = e >= 0 && e < experts ? e * kMaxK + j : INT_MAX;
+  }
+  // Rank of each pair = number of smaller keys (keys are unique): slot r holds the r-th pair.
+  int order[kMaxK];
+#pragma unroll
+  for (int r = 0; r < kMaxK; ++r) order[r] = -1;
+#pragma unroll
+  for (int j = 0; j < kMaxK; ++j) {
+    int rank = 0;
+#pragma unroll
+    for (int i = 0; i < kMaxK; ++i) rank += key[i] < key[j];
+#pragma unroll
+    for (int r = 0; r < kMaxK; ++r)
+      if (r == rank && key[j] != INT_MAX) order[r] = j;
+  }
+  uint4 v[kMaxK];
+#pragma unroll
+  for (int r = 0; r < kMaxK; ++r)
+    v[r] = order[r] >= 0 ? __ldg(reinterpret_cast<const uint4*>(expert_out + (size_t(t) * k + order[r]) * hidden + c0))
+                         : make_uint4(0, 0, 0, 0);
+  const uint4 sv = shared ? __ldg(reinterpret_cast<const uint4*>(shared + size_t(t) * hidden + c0)) : make_uint4(0, 0, 0, 0);
   float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
-  // Visit the k pairs in increasing (expert id, j): the key id·kMaxK + j is unique per pair.
-  int prev = -1;
-  for (int r = 0; r < k; ++r) {
-    int best = INT_MAX, best_j = -1;
-    for (int j = 0; j < k; ++j) {
-      int e = __ldg(&ids[t * k + j]);
-      if (e < 0 || e >= experts) continue;
-      int key = e * kMaxK + j;
-      if (key > prev && key < best) best = key, best_j = j;
-    }
-    if (best_j < 0) break;
-    prev = best;
-    uint4 v = __ldg(reinterpret_cast<const uint4*>(expert_out + (size_t(t) * k + best_j) * hidden + c0));
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float2 f = __bfloat1622float2(h[i]);
-      sum[2 * i] += f.x;
-      sum[2 * i + 1] += f.y;
-    }
-  }
-  if (shared) {
-    uint4 v = __ldg(reinterpret_cast<const uint4*>(shared + size_t(t) * hidden + c0));
-    const __nv_bfloat162* h = reinterpret_cast<const __nv_bfloat162*>(&v);
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      float2 f = __bfloat1622float2(h[i]);
-      sum[2 * i] += f.x;
-      sum[2 * i + 1] += f.y;
-    }
-  }
+  for (int r = 0; r < kMaxK; ++r)
+    if (order[r] >= 0) add_bf16x8(sum, v[r]);
+  if (shared) add_bf16x8(sum, sv);
   uint4 o;
   __nv_bfloat162* ho = reinterpret_cast<__nv_bfloat162*>(&o);
 #pragma unroll
@@ -142,11 +155,12 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* expert_out, const int32_
 
 }  // namespace
 
-void moe_route_pairs(const int32_t* topk_ids, int tokens, int k, int experts, MoeWorkspace& ws, cudaStream_t stream) {
+void moe_route_pairs(const int32_t* topk_ids, int tokens, int k, int experts, bool with_passes, MoeWorkspace& ws,
+                     cudaStream_t stream) {
   if (experts > kRouteThreads) fail("moe_route_pairs: {} experts (at most {})", experts, kRouteThreads);
   launch_programmatic(moe_route_kernel, dim3(1), dim3(kRouteThreads), 0, stream, topk_ids, tokens * k, experts,
                       ws.active_count.get(), ws.slot_expert.get(), ws.slot_begin.get(), ws.slot_count.get(),
-                      ws.sorted_pairs.get(), std::min(kMoeMaxPassRows, tokens), ws.pass_total.get(),
+                      ws.sorted_pairs.get(), with_passes ? std::min(kMoeMaxPassRows, tokens) : 0, ws.pass_total.get(),
                       ws.pass_expert.get(), ws.pass_begin.get(), ws.pass_rows.get());
 }
 

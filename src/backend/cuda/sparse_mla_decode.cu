@@ -210,8 +210,12 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
   const uint32_t s_q = smem_u32(smem + L::q), s_kv = smem_u32(smem + L::kv), s_p = smem_u32(smem + L::p);
   const uint32_t s_raw = smem_u32(smem + L::raw), s_raw_scales = smem_u32(smem + L::raw_scales);
 
-  // Entry id of list position `pos` (−1 past the list's length), read by threads 0..kBlock-1.
-  auto entry_id = [&](int pos) -> int32_t { return pos < len ? list[pos] : -1; };
+  // Entry id of list position `pos` (−1 past the list's length), read by threads 0..kBlock-1. The
+  // load does not wait for the length (any position inside the row may be read).
+  auto entry_id = [&](int pos) -> int32_t {
+    const int32_t g = pos < a.list_stride ? list[pos] : -1;
+    return pos < len ? g : -1;
+  };
   // Stores the id of position `pos` and its entry's data address (null for none) in slot `parity`.
   const uint8_t** srcs = reinterpret_cast<const uint8_t**>(smem + L::src);
   auto stage_entry = [&](int pos, int32_t g, int parity) {
@@ -470,18 +474,23 @@ __global__ void __launch_bounds__(Layout<kHeads, kBlock, kSplit>::kThreads, 1)
     run_piece<kHeads, kBlock, kSplit>(p, smem, job, 0, max(1, (len + kBlock - 1) / kBlock), -1);
     return;
   }
+  // The first piece comes from one load; later pieces (a range that spans jobs) from the job tables.
+  const int4 first = p.plan.cta_first_piece[blockIdx.x];
   const int per_cta = p.plan.meta[0], total = p.plan.meta[1];
-  int unit = blockIdx.x * per_cta;
-  const int unit_end = min(total, unit + per_cta);
-  if (unit >= unit_end) return;
-  for (int job = p.plan.cta_first_job[blockIdx.x]; unit < unit_end; ++job) {
-    const int job_start = p.plan.job_unit_start[job], job_end = p.plan.job_unit_start[job + 1];
-    const int end = min(unit_end, job_end);
+  if (first.x < 0) return;
+  const int unit_end = min(total, (blockIdx.x + 1) * per_cta);
+  int job = first.x, begin = first.y, end = first.z, slot = first.w;
+  for (int unit = blockIdx.x * per_cta;;) {
+    run_piece<kHeads, kBlock, kSplit>(p, smem, job, begin, end, slot);
+    unit += end - begin;
+    if (unit >= unit_end) break;
+    ++job;  // starts at `unit`
+    const int job_start = p.plan.job_unit_start[job], job_units = p.plan.job_unit_start[job + 1] - job_start;
     const int first_piece = p.plan.job_first_piece[job];
     const int pieces = p.plan.job_first_piece[job + 1] - first_piece;
-    const int slot = pieces == 1 ? -1 : first_piece + int(blockIdx.x) - job_start / per_cta;
-    run_piece<kHeads, kBlock, kSplit>(p, smem, job, unit - job_start, end - job_start, slot);
-    unit = end;
+    begin = 0;
+    end = min(unit_end - unit, job_units);
+    slot = pieces == 1 ? -1 : first_piece + int(blockIdx.x) - job_start / per_cta;
   }
   }
 }

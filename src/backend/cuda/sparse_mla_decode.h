@@ -61,7 +61,8 @@ class SparseMlaPlan {
     const int32_t* meta;         // [0] units per CTA, [1] total units
     const int32_t* job_unit_start;   // [jobs + 1]
     const int32_t* job_first_piece;  // [jobs + 1]
-    const int32_t* cta_first_job;    // [grid] job holding the CTA's first unit
+    const int4* cta_first_piece;     // [grid] the CTA's first piece: job, first and end block in the
+                                     // job, partial slot (−1: whole job); job −1: no work
     float* partial_acc;          // [max_pieces, heads_per_cta, 512]
     float2* partial_ml;          // [max_pieces, heads_per_cta] (running max, sum)
     int32_t* job_done;           // [jobs] pieces finished (fused combine); the last CTA resets it to 0
@@ -76,7 +77,8 @@ class SparseMlaPlan {
   int row_group_warps_ = 4;
   int grid_ctas_ = 0;
   int num_jobs_ = 0;
-  DeviceBuffer<int32_t> meta_, job_unit_start_, job_first_piece_, cta_first_job_, job_done_;
+  DeviceBuffer<int32_t> meta_, job_unit_start_, job_first_piece_, job_done_;
+  DeviceBuffer<int4> cta_first_piece_;
   DeviceBuffer<float> partial_acc_;
   DeviceBuffer<float2> partial_ml_;
 };

@@ -47,7 +47,7 @@ __device__ int block_exclusive_scan(int v, int* total) {
 __global__ void __launch_bounds__(kPlanThreads) sparse_mla_plan_kernel(
     const int32_t* __restrict__ list_lengths, int num_queries, int list_stride, int head_groups, int block,
     int grid_ctas, int32_t* __restrict__ meta, int32_t* __restrict__ job_unit_start,
-    int32_t* __restrict__ job_first_piece, int32_t* __restrict__ cta_first_job) {
+    int32_t* __restrict__ job_first_piece, int4* __restrict__ cta_first_piece) {
   pdl_wait();  // the list lengths come from an earlier kernel
   pdl_launch_dependents();
   const int jobs = num_queries * head_groups;
@@ -76,8 +76,6 @@ __global__ void __launch_bounds__(kPlanThreads) sparse_mla_plan_kernel(
     const int n = units_of(j);
     job_unit_start[j] = u;
     job_first_piece[j] = p;
-    // CTAs whose first unit lies in this job.
-    for (int c = (u + per_cta - 1) / per_cta; c * per_cta < u + n && c < grid_ctas; ++c) cta_first_job[c] = j;
     p += (u + n - 1) / per_cta - u / per_cta + 1;
     u += n;
   }
@@ -86,6 +84,25 @@ __global__ void __launch_bounds__(kPlanThreads) sparse_mla_plan_kernel(
     job_first_piece[jobs] = total_pieces;
     meta[0] = per_cta;
     meta[1] = total_units;
+  }
+  __syncthreads();  // the job tables above are visible to the whole block
+  // Each CTA's first piece, so that a decode CTA starts with one load: the job holding its first
+  // unit (binary search), the piece's blocks inside that job and its partial slot.
+  for (int c = threadIdx.x; c < grid_ctas; c += kPlanThreads) {
+    const int unit = c * per_cta;
+    if (unit >= total_units) {
+      cta_first_piece[c] = make_int4(-1, 0, 0, 0);  // no work
+      continue;
+    }
+    int lo = 0, hi = jobs - 1;
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) / 2;
+      if (job_unit_start[mid] <= unit) lo = mid; else hi = mid - 1;
+    }
+    const int u = job_unit_start[lo], n = job_unit_start[lo + 1] - u;
+    const int first_piece = job_first_piece[lo], pieces = job_first_piece[lo + 1] - first_piece;
+    cta_first_piece[c] = make_int4(lo, unit - u, min(u + n, unit + per_cta) - u,
+                                   pieces == 1 ? -1 : first_piece + c - u / per_cta);
   }
 }
 
@@ -160,7 +177,7 @@ SparseMlaPlan::SparseMlaPlan(const SparseMlaShape& shape) : shape_(shape) {
   meta_ = DeviceBuffer<int32_t>(2);
   job_unit_start_ = DeviceBuffer<int32_t>(num_jobs_ + 1);
   job_first_piece_ = DeviceBuffer<int32_t>(num_jobs_ + 1);
-  cta_first_job_ = DeviceBuffer<int32_t>(std::max(grid_ctas_, 1));
+  cta_first_piece_ = DeviceBuffer<int4>(std::max(grid_ctas_, 1));
   job_done_ = DeviceBuffer<int32_t>(num_jobs_);
   job_done_.fill_bytes(0);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any capture
@@ -178,11 +195,11 @@ void SparseMlaPlan::compute(const int32_t* list_lengths, int num_queries, int li
   if (!shape_.split_kv) return;  // the unsplit kernel maps CTA = job
   launch_programmatic(sparse_mla_plan_kernel, dim3(1), dim3(kPlanThreads), 0, stream, list_lengths, num_queries,
                       list_stride, shape_.n_heads / heads_per_cta_, block_entries_, grid_ctas_, meta_.get(),
-                      job_unit_start_.get(), job_first_piece_.get(), cta_first_job_.get());
+                      job_unit_start_.get(), job_first_piece_.get(), cta_first_piece_.get());
 }
 
 SparseMlaPlan::View SparseMlaPlan::view() const {
-  return View{meta_.get(),        job_unit_start_.get(), job_first_piece_.get(), cta_first_job_.get(),
+  return View{meta_.get(),        job_unit_start_.get(), job_first_piece_.get(), cta_first_piece_.get(),
               partial_acc_.get(), partial_ml_.get(),     job_done_.get(),        num_jobs_};
 }
 
