@@ -66,13 +66,8 @@ template <MoeFp4Format F, int NT, int UPW, int RT, bool kGateUp>
 __global__ void __launch_bounds__(kThreads, 2) moe_fp4_gemm_kernel(GemmArgs p) {
   static_assert(kWarps % RT == 0, "whole warp groups");
   constexpr int kGroupWarps = kWarps / RT;
-  // Gate-up waits for the route kernel (and x) before anything. Down reads the routing and its first
-  // weights before waiting: the routing is complete once this grid could launch (every gate-up
-  // block passed its own wait first) and the weights never change, so they stream in while gate-up
-  // finishes; gate-up's output, the activations, is read only after the wait.
-  if constexpr (kGateUp) pdl_wait();
+  pdl_wait();  // routing (and, for down, gate-up's output) come from the kernels before
   pdl_launch_dependents();
-  bool waited = kGateUp;
   const int slot = blockIdx.y;
   const int expert = p.slot_expert[slot];
   if (expert < 0) return;
@@ -107,10 +102,6 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp4_gemm_kernel(GemmArgs p) {
         int u = u0 + i * kGroupWarps + wg;
         wq[i] = u < units ? load_stream(wbase + size_t(u) * kMoeUnitBytes) : make_uint4(0, 0, 0, 0);
         sc[i] = u < units ? __ldg(reinterpret_cast<const unsigned short*>(sbase + size_t(u) * kScaleBytes)) : 0u;
-      }
-      if (!waited) {
-        pdl_wait();
-        waited = true;
       }
       uint4 xb[UPW][NT][2];
 #pragma unroll
