@@ -127,30 +127,30 @@ __global__ void append_index_keys_kernel(const __nv_bfloat16* __restrict__ value
 
 constexpr int kWarpsPerBlock = 8;
 
+// One warp per entry: the launch every append below shares.
+template <typename Kernel>
+void launch_per_entry(Kernel kernel, const __nv_bfloat16* values, const int32_t* entry_ids, int n, uint8_t* pool,
+                      cudaStream_t stream) {
+  if (n <= 0) return;
+  kernel<<<(n + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream>>>(values, entry_ids, n, pool);
+  DSV4_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void append_kv_entries(const __nv_bfloat16* values, const int32_t* entry_ids, int n, uint8_t* pool,
                        cudaStream_t stream) {
-  if (n <= 0) return;
-  append_kv_entries_kernel<<<(n + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream>>>(
-      values, entry_ids, n, pool);
-  DSV4_CUDA_CHECK_LAUNCH();
+  launch_per_entry(append_kv_entries_kernel, values, entry_ids, n, pool, stream);
 }
 
 void append_index_keys_fp4(const __nv_bfloat16* values, const int32_t* entry_ids, int n, uint8_t* pool,
                            cudaStream_t stream) {
-  if (n <= 0) return;
-  append_index_keys_kernel<true><<<(n + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream>>>(
-      values, entry_ids, n, pool);
-  DSV4_CUDA_CHECK_LAUNCH();
+  launch_per_entry(append_index_keys_kernel<true>, values, entry_ids, n, pool, stream);
 }
 
 void append_index_keys_fp8(const __nv_bfloat16* values, const int32_t* entry_ids, int n, uint8_t* pool,
                            cudaStream_t stream) {
-  if (n <= 0) return;
-  append_index_keys_kernel<false><<<(n + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream>>>(
-      values, entry_ids, n, pool);
-  DSV4_CUDA_CHECK_LAUNCH();
+  launch_per_entry(append_index_keys_kernel<false>, values, entry_ids, n, pool, stream);
 }
 
 }  // namespace dsv4::cuda
