@@ -8,6 +8,7 @@
 #include <cuda_bf16.h>
 #include <fmt/core.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <optional>
 #include <random>
@@ -57,6 +58,10 @@ __global__ void fill_random_scales(uint8_t* p, size_t n, uint32_t salt, bool mxf
     p[i] = mxfp4 ? uint8_t(240 + h % 8) : uint8_t(((20 + h % 8) << 3) | ((h >> 8) & 7));
   }
 }
+__global__ void fill_random_w4a8_index(uint8_t* p, size_t n, uint32_t salt) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = uint8_t(cuda::kW4a8Tables - 1 - hash32(i, salt) % 6);
+}
 __global__ void fill_value(float* p, int n, float v) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;
   if (i < n) p[i] = v;
@@ -97,7 +102,7 @@ __global__ void dequant_units_to_bf16(const uint8_t* w, const uint8_t* s, const 
 }
 
 // DSV4_MOE_BENCH_TOKENS="1,4,16" times only those token counts (default: the full table);
-// DSV4_MOE_BENCH_PATH=stream|decode|batched forces the kernel path instead of the dispatcher's choice.
+// DSV4_MOE_BENCH_PATH=stream|decode|batched|w4a8[,…] times those kernel paths instead of the dispatcher's.
 std::vector<int> token_counts() {
   std::vector<int> counts;
   if (const char* env = std::getenv("DSV4_MOE_BENCH_TOKENS")) {
@@ -113,14 +118,33 @@ std::vector<int> token_counts() {
   return counts;
 }
 
-std::optional<cuda::MoeFp4Path> forced_path() {
-  const char* env = std::getenv("DSV4_MOE_BENCH_PATH");
-  if (!env || !*env) return std::nullopt;
-  std::string v(env);
-  if (v == "stream") return cuda::MoeFp4Path::W4A16Stream;
-  if (v == "decode") return cuda::MoeFp4Path::W4A16Decode;
-  if (v == "batched") return cuda::MoeFp4Path::W4A16Batched;
-  fail("DSV4_MOE_BENCH_PATH: unknown path '{}' (stream, decode or batched)", v);
+// The paths timed at one token count: DSV4_MOE_BENCH_PATH (comma-separated) if set, else the
+// dispatcher's choice and, from 1024 tokens on, the other large-batch path where it can run (both
+// prefill paths in one table).
+std::vector<cuda::MoeFp4Path> paths_for(const MoeFp4Shape& shape, int tokens, int k) {
+  std::vector<cuda::MoeFp4Path> paths;
+  if (const char* env = std::getenv("DSV4_MOE_BENCH_PATH"); env && *env) {
+    std::string list(env);
+    for (size_t pos = 0; pos <= list.size();) {
+      size_t end = std::min(list.find(',', pos), list.size());
+      std::string v = list.substr(pos, end - pos);
+      pos = end + 1;
+      if (v == "stream") paths.push_back(cuda::MoeFp4Path::W4A16Stream);
+      else if (v == "decode") paths.push_back(cuda::MoeFp4Path::W4A16Decode);
+      else if (v == "batched") paths.push_back(cuda::MoeFp4Path::W4A16Batched);
+      else if (v == "w4a8") paths.push_back(cuda::MoeFp4Path::W4A8);
+      else fail("DSV4_MOE_BENCH_PATH: unknown path '{}' (stream, decode, batched or w4a8)", v);
+    }
+  } else {
+    paths.push_back(cuda::moe_fp4_select_path(shape, tokens, k));
+    if (tokens >= 1024)
+      for (auto other : {cuda::MoeFp4Path::W4A16Batched, cuda::MoeFp4Path::W4A8})
+        if (other != paths[0]) paths.push_back(other);
+  }
+  paths.erase(std::remove_if(paths.begin(), paths.end(),
+                             [&](cuda::MoeFp4Path p) { return !cuda::moe_fp4_path_available(p, shape); }),
+              paths.end());
+  return paths;
 }
 
 struct RoutingSet {
@@ -150,6 +174,13 @@ void bench_format(MoeFp4Format format, double copy_gbs) {
   fill_random_scales<<<4096, 256, 0, stream.get()>>>(weights.mutable_gate_up_scales(), gu_bytes / kMoeUnitBytes * sb, 3, mx);
   fill_random_scales<<<4096, 256, 0, stream.get()>>>(weights.mutable_down_scales(), dn_bytes / kMoeUnitBytes * sb, 4, mx);
   fill_value<<<(E * 3 + 255) / 256, 256, 0, stream.get()>>>(weights.mutable_factors(), E * 3, mx ? 1.f : 4e-3f);
+  if (weights.has_w4a8()) {
+    // W4A8 tables for row scale spreads of 2^0..2^5 (moe_fp4.h), and their row factors.
+    fill_random_w4a8_index<<<4096, 256, 0, stream.get()>>>(weights.mutable_w4a8_gate_up_index(), gu_bytes / kMoeUnitBytes * sb, 5);
+    fill_random_w4a8_index<<<4096, 256, 0, stream.get()>>>(weights.mutable_w4a8_down_index(), dn_bytes / kMoeUnitBytes * sb, 6);
+    fill_value<<<(E * 2 * I + 255) / 256, 256, 0, stream.get()>>>(weights.mutable_w4a8_gate_up_row_scale(), E * 2 * I, 1e-3f);
+    fill_value<<<(E * D + 255) / 256, 256, 0, stream.get()>>>(weights.mutable_w4a8_down_row_scale(), E * D, 1e-3f);
+  }
   DSV4_CUDA_CHECK_LAUNCH();
 
   // bf16 copies for the baseline: gate-up [E, 2I, D], down [E, D, I].
@@ -212,14 +243,16 @@ void bench_format(MoeFp4Format format, double copy_gbs) {
     }
     stream.sync();
     cuda::MoeWorkspace ws(shape, tokens, k);
-    const cuda::MoeFp4Path path = forced_path().value_or(cuda::moe_fp4_select_path(shape, tokens, k));
-    double moe_us = time_graph_us(
-        [&](int r, cudaStream_t s) {
-          RoutingSet& set = sets[r];
-          cuda::moe_fp4_forward_path(path, weights, set.x.get(), tokens, set.ids.get(), set.weights.get(), k,
-                                     set.shared.get(), set.out.get(), ws, s);
-        },
-        rotations);
+    std::vector<std::pair<cuda::MoeFp4Path, double>> timed;
+    for (cuda::MoeFp4Path path : paths_for(shape, tokens, k))
+      timed.push_back({path, time_graph_us(
+                                 [&](int r, cudaStream_t s) {
+                                   RoutingSet& set = sets[r];
+                                   cuda::moe_fp4_forward_path(path, weights, set.x.get(), tokens, set.ids.get(),
+                                                              set.weights.get(), k, set.shared.get(), set.out.get(),
+                                                              ws, s);
+                                 },
+                                 rotations)});
 
     // Baseline: per touched expert, [n, D]·[D, 2I] then [n, I]·[I, D] (bf16 in/out, f32 accumulate).
     DeviceBuffer<__nv_bfloat16> bx(size_t(max_per_expert) * D), bc(size_t(max_per_expert) * 2 * I),
@@ -240,7 +273,8 @@ void bench_format(MoeFp4Format format, double copy_gbs) {
         },
         rotations);
     double bytes = distinct * double(weights.expert_bytes()) + 3.0 * tokens * D * 2;
-    rows.push_back({tokens, moe_us, cublas_us, distinct, bytes, cuda::moe_fp4_path_name(path)});
+    for (auto [path, moe_us] : timed)
+      rows.push_back({tokens, moe_us, cublas_us, distinct, bytes, cuda::moe_fp4_path_name(path)});
   }
   DSV4_CUBLAS_CHECK(cublasDestroy(cublas));
 

@@ -17,8 +17,11 @@ namespace {
 
 using cuda::DeviceBuffer;
 
-// METHOD.md: bf16 operands land between 1e-3 and 1e-2 relative L2 error.
+// METHOD.md: bf16 operands land between 1e-3 and 1e-2 relative L2 error. The W4A8 path is compared
+// with the CPU's FP8-activation reference: the same e4m3 operands, so only the f32 summation order and
+// the bf16 roundings it moves differ, and the same bound holds.
 constexpr double kW4A16Tolerance = 1e-2;
+constexpr double kW4A8Tolerance = 1e-2;
 
 uint32_t fresh_seed() {
   static uint32_t seed = std::random_device{}();
@@ -123,6 +126,11 @@ void check_layer(const MoeFp4Shape& shape, int k, const std::vector<int>& token_
     std::vector<uint16_t> ref(size_t(tokens) * shape.hidden);
     cpu::moe_fp4_reference(shape, experts.views, x.data(), tokens, routing.ids.data(), routing.weights.data(), k,
                            with_shared ? shared.data() : nullptr, ref.data(), MoeActivationNumerics::Bf16);
+    const bool w4a8 = cuda::moe_fp4_path_available(cuda::MoeFp4Path::W4A8, shape);
+    std::vector<uint16_t> ref_fp8(w4a8 ? ref.size() : 0);
+    if (w4a8)
+      cpu::moe_fp4_reference(shape, experts.views, x.data(), tokens, routing.ids.data(), routing.weights.data(), k,
+                             with_shared ? shared.data() : nullptr, ref_fp8.data(), MoeActivationNumerics::Fp8);
     DeviceBuffer<uint16_t> d_x(x.size()), d_shared(shared.size()), d_out(ref.size());
     DeviceBuffer<int32_t> d_ids(routing.ids.size());
     DeviceBuffer<float> d_w(routing.weights.size());
@@ -130,19 +138,25 @@ void check_layer(const MoeFp4Shape& shape, int k, const std::vector<int>& token_
     d_shared.upload(shared, stream.get());
     d_ids.upload(routing.ids, stream.get());
     d_w.upload(routing.weights, stream.get());
-    for (auto path : {cuda::MoeFp4Path::W4A16Stream, cuda::MoeFp4Path::W4A16Decode, cuda::MoeFp4Path::W4A16Batched}) {
+    for (auto path : {cuda::MoeFp4Path::W4A16Stream, cuda::MoeFp4Path::W4A16Decode, cuda::MoeFp4Path::W4A16Batched,
+                      cuda::MoeFp4Path::W4A8}) {
+      const bool fp8 = path == cuda::MoeFp4Path::W4A8;
+      if (fp8 && !w4a8) continue;  // NVFP4, or not an sm_90 GPU
       d_out.fill_bytes(0xff, stream.get());  // NaN
       ws.hidden_act.fill_bytes(0xff, stream.get());
       ws.expert_out.fill_bytes(0xff, stream.get());
+      if (ws.act_fp8.size()) ws.act_fp8.fill_bytes(0x7f, stream.get());  // e4m3 NaN
+      if (ws.act_scale.size()) ws.act_scale.fill_bytes(0xff, stream.get());
       cuda::moe_fp4_forward_path(path, weights, d_x.get(), tokens, d_ids.get(), d_w.get(), k,
                                  with_shared ? d_shared.get() : nullptr, d_out.get(), ws, stream.get());
       DSV4_CUDA_CHECK(cudaStreamSynchronize(stream.get()));
-      ErrorStats s = compare(d_out.download(stream.get()), ref);
+      ErrorStats s = compare(d_out.download(stream.get()), fp8 ? ref_fp8 : ref);
       std::printf("%s E=%d D=%d I=%d k=%d tokens=%d %s seed=%u: rel L2 %.2e, max abs %.3g, NaN %zu\n",
                   shape.format == MoeFp4Format::Mxfp4 ? "MXFP4" : "NVFP4", shape.experts, shape.hidden, shape.inter,
                   k, tokens, cuda::moe_fp4_path_name(path), seed, s.rel_l2, s.max_abs, s.nans);
       EXPECT_EQ(s.nans, 0u) << "tokens " << tokens << " " << cuda::moe_fp4_path_name(path);
-      EXPECT_LE(s.rel_l2, kW4A16Tolerance) << "tokens " << tokens << " " << cuda::moe_fp4_path_name(path);
+      EXPECT_LE(s.rel_l2, fp8 ? kW4A8Tolerance : kW4A16Tolerance) << "tokens " << tokens << " "
+                                                                   << cuda::moe_fp4_path_name(path);
     }
   }
 }
@@ -170,6 +184,34 @@ TEST_P(MoeFp4Gpu, RepackRoundTripIsExact) {
     ASSERT_EQ(w.w1, w1) << "expert " << e;
     ASSERT_EQ(w.w3, w3) << "expert " << e;
     ASSERT_EQ(w.w2, w2) << "expert " << e;
+    if (s.format != MoeFp4Format::Mxfp4) continue;
+    // The W4A8 form is exact too while a row's scales span at most 2^14 (these span 2^5).
+    cuda::MoeFp4ExpertF32 w8 = cuda::moe_fp4_unrepack_w4a8(rp, e);
+    ASSERT_EQ(w8.w1, w1) << "expert " << e;
+    ASSERT_EQ(w8.w3, w3) << "expert " << e;
+    ASSERT_EQ(w8.w2, w2) << "expert " << e;
+  }
+  EXPECT_EQ(rp.w4a8_rounded_groups, 0u);
+}
+
+// A row whose scales span more than 2^14: the far-down groups become e4m3 roundings of their values
+// (what the kernel's tables hold), the rest stays exact, and the repack counts the rounded groups.
+TEST(MoeFp4W4a8, WideScaleSpreadRoundsLikeE4m3) {
+  std::mt19937 rng(fresh_seed());
+  MoeFp4Shape s = shape_of(MoeFp4Format::Mxfp4, 1, 128, 128);
+  HostExperts ex(s, rng);
+  // w2 row 0: group 0 at 2^0, group 1 at 2^-10 (d = −4: exact), groups 2, 3 at 2^-20 (d = −14: rounded).
+  uint8_t* w2s = ex.bytes[5].data();  // expert 0: w1, w1 scales, w3, w3 scales, w2, w2 scales
+  const uint8_t codes[4] = {127, 117, 107, 107};
+  for (int gi = 0; gi < 4; ++gi) w2s[gi] = codes[gi];
+  cuda::MoeFp4Repacked rp = cuda::moe_fp4_repack(s, ex.views);
+  EXPECT_EQ(rp.w4a8_rounded_groups, 2u);
+  cuda::MoeFp4ExpertF32 w8 = cuda::moe_fp4_unrepack_w4a8(rp, 0);
+  auto w2 = cpu::dequantize_fp4_matrix(s.format, ex.views[0].w2, ex.views[0].w2_scale, 1.f, s.hidden, s.inter);
+  const float row_scale = std::ldexp(1.f, 127 - 133);
+  for (int c = 0; c < s.inter; ++c) {
+    float expect = c < 64 ? w2[c] : e4m3_to_f32(f32_to_e4m3(w2[c] / row_scale)) * row_scale;
+    ASSERT_EQ(w8.w2[c], expect) << "column " << c;
   }
 }
 

@@ -5,6 +5,7 @@
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/quant_math.cuh"
 #include "backend/kv_cache_layout.h"
 
 namespace dsv4::cuda {
@@ -12,24 +13,9 @@ namespace {
 
 namespace kl = dsv4::kv_layout;
 
-// 2^ceil(log2(v)) for v > 0 from the IEEE bits (SPEC §2.2), as core/dtypes.h pow2_ceil.
-__device__ __forceinline__ float pow2_ceil_dev(float v) {
-  const uint32_t u = __float_as_uint(v);
-  int e = int((u >> 23) & 0xff) - 127;
-  if (u & 0x7fffffu) e += 1;
-  // 2^e for e in [-149, 127]: build from bits (subnormal below -126).
-  if (e >= -126) return __uint_as_float(uint32_t(e + 127) << 23);
-  return __uint_as_float(1u << (e + 149));
-}
-
 __device__ __forceinline__ uint8_t e8m0_of_pow2(float p) {
   const uint32_t u = __float_as_uint(p);
   return u == 0x00400000u ? 0 : uint8_t((u >> 23) & 0xff);
-}
-
-__device__ __forceinline__ uint8_t to_e4m3(float v) {
-  v = fminf(fmaxf(v, -448.f), 448.f);
-  return uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
 }
 
 // e2m1 round-to-nearest-even on {0, .5, 1, 1.5, 2, 3, 4, 6}, saturating at 6 (core/dtypes.h).

@@ -14,6 +14,7 @@
 
 #include <algorithm>
 
+#include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/moe_fp4.h"
 #include "backend/cuda/moe_fp4_kernels.cuh"
 #include "core/error.h"
@@ -22,6 +23,7 @@ namespace dsv4::cuda {
 namespace {
 
 using moe_detail::GemmArgs;
+using moe_detail::W4a8Args;
 using moe_detail::bf16_round;
 using moe_detail::dequant_a;
 using moe_detail::folded_scale_x2;
@@ -203,6 +205,43 @@ GemmArgs down_args(const MoeFp4Weights& w, const float* topk_weights, MoeWorkspa
   return a;
 }
 
+W4a8Args w4a8_args(const MoeFp4Weights& w, bool gate_up, const float* topk_weights, int k, MoeWorkspace& ws) {
+  const int D = w.shape().hidden, I = w.shape().inter;
+  const int sbytes = moe_unit_scale_bytes(MoeFp4Format::Mxfp4);
+  W4a8Args a{};
+  a.weights = gate_up ? w.gate_up() : w.down();
+  a.index = gate_up ? w.w4a8_gate_up_index() : w.w4a8_down_index();
+  a.row_scale = gate_up ? w.w4a8_gate_up_row_scale() : w.w4a8_down_row_scale();
+  a.rows = gate_up ? 2 * I : D;
+  a.K = gate_up ? D : I;
+  a.expert_weight_bytes = size_t(a.rows) * a.K / 2;
+  a.expert_index_bytes = size_t(a.rows / kMoeUnitRows) * (a.K / kMoeUnitCols) * sbytes;
+  a.act = ws.act_fp8.get();
+  a.act_scale = ws.act_scale.get();
+  a.act_row_divisor = gate_up ? k : 1;
+  a.slot_expert = ws.slot_expert.get();
+  a.slot_begin = ws.slot_begin.get();
+  a.slot_count = ws.slot_count.get();
+  a.sorted_pairs = ws.sorted_pairs.get();
+  a.topk_weights = topk_weights;
+  a.swiglu_limit = w.shape().swiglu_limit;
+  a.out = reinterpret_cast<__nv_bfloat16*>(gate_up ? ws.hidden_act.get() : ws.expert_out.get());
+  a.out_cols = gate_up ? I : D;
+  return a;
+}
+
+// W4A8: quantise x, gate-up, quantise the SwiGLU output (every pair's row; rows of pairs with no
+// expert are never read), down.
+void run_w4a8(const MoeFp4Weights& w, const uint16_t* x, int tokens, const float* topk_weights, int k,
+              MoeWorkspace& ws, cudaStream_t stream) {
+  const int D = w.shape().hidden, I = w.shape().inter;
+  const int max_slots = std::min(w.shape().experts, tokens * k);
+  act_quant_fp8(x, tokens, D, ws.act_fp8.get(), ws.act_scale.get(), stream);
+  moe_detail::moe_w4a8_gemm(true, w4a8_args(w, true, topk_weights, k, ws), max_slots, stream);
+  act_quant_fp8(ws.hidden_act.get(), tokens * k, I, ws.act_fp8.get(), ws.act_scale.get(), stream);
+  moe_detail::moe_w4a8_gemm(false, w4a8_args(w, false, topk_weights, k, ws), max_slots, stream);
+}
+
 template <MoeFp4Format F>
 void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int tokens, const float* topk_weights,
               int k, MoeWorkspace& ws, cudaStream_t stream) {
@@ -236,14 +275,20 @@ void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int to
 
 }  // namespace
 
-// The dispatcher, in one place. W4A16 serves every architecture and size: with at most ~8 pairs per
-// expert on average every weight byte is read once per forward (decode path); above that the batched
-// variant amortises each dequantised weight over 32 tokens. The decode path is the register-window
-// kernel: the shared-memory streaming kernel (W4A16Stream) measured slower on the H200 at every decode
-// size (docs/perf/moe_fp4.md), so it runs only when forced. (The sm_90a FP8-wgmma W4A8 path for large
-// token counts is not built yet; when it is, it takes tokens ≥ its crossover on sm_90.)
+// The dispatcher, in one place. With at most ~8 pairs per expert on average every weight byte is
+// read once per forward: the W4A16 decode path (the shared-memory streaming kernel, W4A16Stream,
+// measured slower on the H200 at every decode size, docs/perf/moe_fp4.md, so it runs only when
+// forced). Above that, on sm_90 with MXFP4 experts, the W4A8 wgmma path; elsewhere (sm_120, NVFP4)
+// the batched W4A16 variant, which amortises each dequantised weight over 32 tokens.
 MoeFp4Path moe_fp4_select_path(const MoeFp4Shape& shape, int tokens, int k) {
-  return int64_t(tokens) * k <= int64_t(8) * shape.experts ? MoeFp4Path::W4A16Decode : MoeFp4Path::W4A16Batched;
+  if (int64_t(tokens) * k <= int64_t(8) * shape.experts) return MoeFp4Path::W4A16Decode;
+  if (moe_fp4_path_available(MoeFp4Path::W4A8, shape)) return MoeFp4Path::W4A8;
+  return MoeFp4Path::W4A16Batched;
+}
+
+bool moe_fp4_path_available(MoeFp4Path path, const MoeFp4Shape& shape) {
+  if (path == MoeFp4Path::W4A8) return shape.format == MoeFp4Format::Mxfp4 && moe_detail::moe_w4a8_supported();
+  return true;
 }
 
 const char* moe_fp4_path_name(MoeFp4Path path) {
@@ -251,6 +296,7 @@ const char* moe_fp4_path_name(MoeFp4Path path) {
     case MoeFp4Path::W4A16Stream: return "W4A16 stream";
     case MoeFp4Path::W4A16Decode: return "W4A16 decode";
     case MoeFp4Path::W4A16Batched: return "W4A16 batched";
+    case MoeFp4Path::W4A8: return "W4A8 wgmma";
   }
   return "?";
 }
@@ -262,8 +308,13 @@ void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_
   if (tokens <= 0) return;
   if (tokens > ws.max_tokens() || k != ws.k())
     fail("moe_fp4_forward: {} tokens × k {} exceed the workspace ({} tokens × k {})", tokens, k, ws.max_tokens(), ws.k());
+  if (!moe_fp4_path_available(path, s))
+    fail("moe_fp4_forward: the {} path needs MXFP4 experts and an sm_90 GPU with sm_90a code", moe_fp4_path_name(path));
   moe_route_pairs(topk_ids, tokens, k, s.experts, path == MoeFp4Path::W4A16Stream, ws, stream);
-  if (s.format == MoeFp4Format::Mxfp4) run_path<MoeFp4Format::Mxfp4>(path, w, x, tokens, topk_weights, k, ws, stream);
+  if (path == MoeFp4Path::W4A8) {
+    if (ws.act_fp8.size() == 0 || !w.has_w4a8()) fail("moe_fp4_forward: W4A8 needs an MXFP4 layer and workspace");
+    run_w4a8(w, x, tokens, topk_weights, k, ws, stream);
+  } else if (s.format == MoeFp4Format::Mxfp4) run_path<MoeFp4Format::Mxfp4>(path, w, x, tokens, topk_weights, k, ws, stream);
   else run_path<MoeFp4Format::Nvfp4>(path, w, x, tokens, topk_weights, k, ws, stream);
   moe_combine(ws.expert_out.get(), topk_ids, tokens, k, s.experts, s.hidden, shared_or_null, out, stream);
 }

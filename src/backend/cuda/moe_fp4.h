@@ -43,6 +43,17 @@ constexpr int moe_unit_scale_bytes(MoeFp4Format f) { return kMoeUnitRows * kMoeU
 // Rows (pairs of one expert) per pass of the decode kernels: one mma n8 tile.
 constexpr int kMoeMaxPassRows = 8;
 
+// W4A8 weights (MXFP4 only; the sm_90a path, moe_fp4_w4a8.cu). The kernel turns each nibble of the
+// unit layout into e4m3 = e2m1 · 2^d, d = (group's ue8m0 code) − (largest code of its row) + 6, by
+// looking the nibble up in one of kW4a8Tables 8-entry tables (table i holds e4m3(e2m1 · 2^(i +
+// kW4a8MinShift))), and multiplies 2^(largest code − 133) per row back in its epilogue. The e4m3
+// values are exact for d ≥ −8, i.e. for every group within 2^14 of its row's largest (real
+// checkpoints span a few binades); groups further down are rounded to e4m3 (those below 2^-22 of the
+// row's largest flush to zero), and the repack counts them.
+constexpr int kW4a8MinShift = -16;
+constexpr int kW4a8MaxShift = 6;
+constexpr int kW4a8Tables = kW4a8MaxShift - kW4a8MinShift + 1;
+
 // Per (expert, matrix) f32 factor the kernels multiply into the accumulator: the repacked weights are
 // the true weights divided by this (an exact power-of-two shift, times weight_scale_2 for NVFP4).
 enum MoeFactor : int { kGateFactor = 0, kUpFactor = 1, kDownFactor = 2, kFactorsPerExpert = 3 };
@@ -55,6 +66,11 @@ struct MoeFp4Repacked {
   std::vector<uint8_t> down;            // E × [D/16 × I/64 units × 512 B]
   std::vector<uint8_t> down_scales;
   std::vector<float> factors;           // E × kFactorsPerExpert
+  // W4A8 (MXFP4 only, empty for NVFP4): one table index byte per (row, 32 inputs), laid out like the
+  // unit scales; and the per-row factors: gate-up [E, I, 2] (gate, up of each channel), down [E, D].
+  std::vector<uint8_t> w4a8_gate_up_index, w4a8_down_index;
+  std::vector<float> w4a8_gate_up_row_scale, w4a8_down_row_scale;
+  size_t w4a8_rounded_groups = 0;  // groups whose e4m3 form is not exact (see kW4a8MinShift)
 };
 
 // Load-time repack of every expert's on-disk tensors (validates shapes and scale codes).
@@ -66,6 +82,10 @@ struct MoeFp4ExpertF32 {
   std::vector<float> w1, w3, w2;
 };
 MoeFp4ExpertF32 moe_fp4_unrepack(const MoeFp4Repacked& repacked, int expert);
+// The same for the W4A8 form (MXFP4): e4m3 table value · row factor, as the W4A8 kernel computes.
+MoeFp4ExpertF32 moe_fp4_unrepack_w4a8(const MoeFp4Repacked& repacked, int expert);
+// e4m3 code of table i's entry for e2m1 magnitude code c (0..7), as the W4A8 kernel builds it.
+uint8_t moe_w4a8_table_entry(int table, int code);
 
 // Device copy of a repacked layer.
 class MoeFp4Weights {
@@ -87,6 +107,16 @@ class MoeFp4Weights {
   uint8_t* mutable_down() { return down_.get(); }
   uint8_t* mutable_down_scales() { return down_scales_.get(); }
   float* mutable_factors() { return factors_.get(); }
+  // W4A8 form (MXFP4 only; null for NVFP4).
+  bool has_w4a8() const { return w4a8_gate_up_index_.size() != 0; }
+  const uint8_t* w4a8_gate_up_index() const { return w4a8_gate_up_index_.get(); }
+  const uint8_t* w4a8_down_index() const { return w4a8_down_index_.get(); }
+  const float* w4a8_gate_up_row_scale() const { return w4a8_gate_up_row_scale_.get(); }
+  const float* w4a8_down_row_scale() const { return w4a8_down_row_scale_.get(); }
+  uint8_t* mutable_w4a8_gate_up_index() { return w4a8_gate_up_index_.get(); }
+  uint8_t* mutable_w4a8_down_index() { return w4a8_down_index_.get(); }
+  float* mutable_w4a8_gate_up_row_scale() { return w4a8_gate_up_row_scale_.get(); }
+  float* mutable_w4a8_down_row_scale() { return w4a8_down_row_scale_.get(); }
   // Bytes one expert occupies (weights + scales), for bandwidth accounting.
   size_t expert_bytes() const;
 
@@ -95,6 +125,8 @@ class MoeFp4Weights {
   MoeFp4Shape shape_;
   DeviceBuffer<uint8_t> gate_up_, gate_up_scales_, down_, down_scales_;
   DeviceBuffer<float> factors_;
+  DeviceBuffer<uint8_t> w4a8_gate_up_index_, w4a8_down_index_;
+  DeviceBuffer<float> w4a8_gate_up_row_scale_, w4a8_down_row_scale_;
 };
 
 // Scratch of one forward, sized for up to max_tokens tokens with k experts each.
@@ -119,6 +151,10 @@ class MoeWorkspace {
   // Activations between the two GEMMs and per-pair expert outputs, indexed by pair t·k+j.
   DeviceBuffer<uint16_t> hidden_act;   // [max_tokens·k, I] bf16
   DeviceBuffer<uint16_t> expert_out;   // [max_tokens·k, D] bf16
+  // W4A8 (MXFP4 only): the GEMM's input quantised to e4m3 with one f32 scale per 128 channels — x
+  // [tokens, D] for gate-up, then hidden_act [pairs, I] for down (SPEC §2.2).
+  DeviceBuffer<uint8_t> act_fp8;
+  DeviceBuffer<float> act_scale;
 
  private:
   int max_tokens_ = 0, k_ = 0;
@@ -131,7 +167,11 @@ enum class MoeFp4Path : uint8_t {
                  // slower than W4A16Decode on the H200 (docs/perf/moe_fp4.md)
   W4A16Decode,   // bf16 mma.sync, weights on the M side, ≤ 8 tokens per pass, loads in registers
   W4A16Batched,  // bf16 mma.sync, 32 tokens per pass (each dequantised weight used 4×)
+  W4A8,          // sm_90a, MXFP4: e4m3 weights and activations, FP8 wgmma on 128-token tiles; the
+                 // reference's own expert numerics (SPEC §2.4), moe_fp4_w4a8.cu
 };
+// Whether `path` can run here for `shape` (W4A8 needs MXFP4 and an sm_90 GPU with sm_90a code).
+bool moe_fp4_path_available(MoeFp4Path path, const MoeFp4Shape& shape);
 MoeFp4Path moe_fp4_select_path(const MoeFp4Shape& shape, int tokens, int k);
 const char* moe_fp4_path_name(MoeFp4Path path);
 

@@ -100,4 +100,28 @@ bool moe_fp4_stream_fits(const MoeFp4Shape& shape, int tokens);
 void moe_fp4_stream_gemm(MoeFp4Format format, bool gate_up, const GemmArgs& args, int rows, int tokens,
                          cudaStream_t stream);
 
+// The sm_90a W4A8 GEMMs (moe_fp4_w4a8.cu), MXFP4 only.
+struct W4a8Args {
+  const uint8_t* weights;    // all experts, unit layout
+  const uint8_t* index;      // W4A8 table indices, unit-scale layout
+  const float* row_scale;    // [E, rows]
+  size_t expert_weight_bytes, expert_index_bytes;
+  int rows, K;               // weight rows (2I or D, multiple of 128) and inputs (multiple of 128)
+  const uint8_t* act;        // e4m3 [activation rows, K]
+  const float* act_scale;    // [activation rows, K/128]
+  int act_row_divisor;       // activation row = pair / divisor (k for gate-up, 1 for down)
+  const int32_t* slot_expert;
+  const int32_t* slot_begin;
+  const int32_t* slot_count;
+  const int32_t* sorted_pairs;
+  const float* topk_weights;  // gate-up only
+  float swiglu_limit;
+  __nv_bfloat16* out;         // gate-up: hidden_act [pairs, I]; down: expert_out [pairs, D]
+  int out_cols;
+  int max_slots;              // slots that may be active (set by moe_w4a8_gemm)
+};
+// Whether the current device runs the W4A8 kernels (an sm_90 GPU, and the build has sm_90a code).
+bool moe_w4a8_supported();
+void moe_w4a8_gemm(bool gate_up, const W4a8Args& args, int max_slots, cudaStream_t stream);
+
 }  // namespace dsv4::cuda::moe_detail

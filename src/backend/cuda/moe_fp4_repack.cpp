@@ -16,6 +16,7 @@
 //          Zero scales store zero nibbles.
 // Both products fit bf16 exactly, so the kernel's dequantisation loses nothing; the un-repack below
 // reproduces dequantize_fp4_matrix() bit for bit (tests check it).
+#include <algorithm>
 #include <cmath>
 #include <cstring>
 
@@ -154,7 +155,34 @@ void unrepack_matrix(MoeFp4Format f, int rows, int cols, const uint8_t* src, con
     }
 }
 
+// W4A8 table index bytes (unit-scale layout) and row factors of one MXFP4 matrix [rows, cols] whose
+// unit-order row r has ue8m0 codes row_codes(r); see moe_fp4.h. Returns the groups not exact in e4m3.
+template <typename CodesFn, typename RowScaleFn>
+size_t w4a8_index_matrix(int rows, int cols, CodesFn row_codes, RowScaleFn set_row_scale, uint8_t* dst) {
+  constexpr MoeFp4Format f = MoeFp4Format::Mxfp4;
+  const int group = moe_fp4_group_size(f), groups = cols / group, kchunks = cols / kMoeUnitCols;
+  const int per_unit = kMoeUnitCols / group, sbytes = moe_unit_scale_bytes(f);
+  size_t rounded = 0;
+  for (int r = 0; r < rows; ++r) {
+    const uint8_t* codes = row_codes(r);
+    const int emax = *std::max_element(codes, codes + groups);
+    set_row_scale(r, std::ldexp(1.f, emax - 127 - kW4a8MaxShift));
+    for (int gi = 0; gi < groups; ++gi) {
+      const int d = int(codes[gi]) - emax + kW4a8MaxShift;
+      if (d < -8) ++rounded;
+      const int index = std::max(d, kW4a8MinShift) - kW4a8MinShift;
+      dst[(size_t(r / kMoeUnitRows) * kchunks + gi / per_unit) * sbytes +
+          unit_scale_offset(f, r % kMoeUnitRows, gi % per_unit)] = uint8_t(index);
+    }
+  }
+  return rounded;
+}
+
 }  // namespace
+
+uint8_t moe_w4a8_table_entry(int table, int code) {
+  return f32_to_e4m3(std::ldexp(e2m1_to_f32(uint8_t(code & 7)), table + kW4a8MinShift));
+}
 
 MoeFp4Repacked moe_fp4_repack(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertTensors>& experts) {
   const int E = shape.experts, D = shape.hidden, I = shape.inter;
@@ -173,6 +201,14 @@ MoeFp4Repacked moe_fp4_repack(const MoeFp4Shape& shape, const std::vector<MoeFp4
   out.down.resize(E * dn_units * kMoeUnitBytes);
   out.down_scales.resize(E * dn_units * sbytes);
   out.factors.resize(size_t(E) * kFactorsPerExpert);
+  const bool w4a8 = f == MoeFp4Format::Mxfp4;
+  std::vector<size_t> rounded(E, 0);
+  if (w4a8) {
+    out.w4a8_gate_up_index.resize(E * gu_units * sbytes);
+    out.w4a8_down_index.resize(E * dn_units * sbytes);
+    out.w4a8_gate_up_row_scale.resize(size_t(E) * I * 2);
+    out.w4a8_down_row_scale.resize(size_t(E) * D);
+  }
   parallel_for(E, [&](int64_t begin, int64_t end) {
     for (int64_t e = begin; e < end; ++e) {
       const MoeFp4ExpertTensors& t = experts[e];
@@ -196,8 +232,19 @@ MoeFp4Repacked moe_fp4_repack(const MoeFp4Shape& shape, const std::vector<MoeFp4
       repack_matrix(f, 2 * I, D, gate_up_row, &out.gate_up[e * gu_units * kMoeUnitBytes],
                     &out.gate_up_scales[e * gu_units * sbytes]);
       repack_matrix(f, D, I, down_row, &out.down[e * dn_units * kMoeUnitBytes], &out.down_scales[e * dn_units * sbytes]);
+      if (!w4a8) continue;
+      float* gu_scale = &out.w4a8_gate_up_row_scale[size_t(e) * I * 2];
+      float* dn_scale = &out.w4a8_down_row_scale[size_t(e) * D];
+      rounded[e] = w4a8_index_matrix(
+                       2 * I, D, [&](int r) { return gate_up_row(r).scales; },
+                       [&](int r, float v) { gu_scale[2 * (r / 16 * 8 + r % 8) + (r % 16) / 8] = v; },
+                       &out.w4a8_gate_up_index[e * gu_units * sbytes]) +
+                   w4a8_index_matrix(
+                       D, I, [&](int r) { return down_row(r).scales; }, [&](int r, float v) { dn_scale[r] = v; },
+                       &out.w4a8_down_index[e * dn_units * sbytes]);
     }
   });
+  for (size_t r : rounded) out.w4a8_rounded_groups += r;
   return out;
 }
 
@@ -223,6 +270,46 @@ MoeFp4ExpertF32 moe_fp4_unrepack(const MoeFp4Repacked& rp, int e) {
   return w;
 }
 
+MoeFp4ExpertF32 moe_fp4_unrepack_w4a8(const MoeFp4Repacked& rp, int e) {
+  const int D = rp.shape.hidden, I = rp.shape.inter;
+  constexpr MoeFp4Format f = MoeFp4Format::Mxfp4;
+  if (rp.shape.format != f || rp.w4a8_gate_up_index.empty()) fail("moe_fp4_unrepack_w4a8: no W4A8 form (NVFP4)");
+  const int group = moe_fp4_group_size(f), sbytes = moe_unit_scale_bytes(f);
+  const size_t gu_units = size_t(2 * I / kMoeUnitRows) * (D / kMoeUnitCols);
+  const size_t dn_units = size_t(D / kMoeUnitRows) * (I / kMoeUnitCols);
+  auto unpack = [&](int rows, int cols, const uint8_t* src, const uint8_t* index, auto place) {
+    const int kchunks = cols / kMoeUnitCols;
+    for (int rt = 0; rt < rows / kMoeUnitRows; ++rt)
+      for (int kc = 0; kc < kchunks; ++kc) {
+        const uint8_t* unit = src + (size_t(rt) * kchunks + kc) * kMoeUnitBytes;
+        const uint8_t* uindex = index + (size_t(rt) * kchunks + kc) * sbytes;
+        for (int lane = 0; lane < 32; ++lane)
+          for (int t = 0; t < 4; ++t)
+            for (int i = 0; i < 8; ++i) {
+              UnitPos p = unit_position(lane, t, i);
+              uint8_t nib = (unit[lane * 16 + t * 4 + i / 2] >> (4 * (i & 1))) & 15;
+              int table = uindex[unit_scale_offset(f, p.row16, p.col64 / group)];
+              float v = e4m3_to_f32(moe_w4a8_table_entry(table, nib & 7));
+              place(rt * kMoeUnitRows + p.row16, kc * kMoeUnitCols + p.col64, (nib & 8) ? -v : v);
+            }
+      }
+  };
+  const float* gu_scale = &rp.w4a8_gate_up_row_scale[size_t(e) * I * 2];
+  const float* dn_scale = &rp.w4a8_down_row_scale[size_t(e) * D];
+  MoeFp4ExpertF32 w;
+  w.w1.resize(size_t(I) * D);
+  w.w3.resize(size_t(I) * D);
+  w.w2.resize(size_t(D) * I);
+  unpack(2 * I, D, &rp.gate_up[e * gu_units * kMoeUnitBytes], &rp.w4a8_gate_up_index[e * gu_units * sbytes],
+         [&](int r, int c, float v) {
+           int ch = r / 16 * 8 + r % 8, up = (r % 16) / 8;
+           (up ? w.w3 : w.w1)[size_t(ch) * D + c] = v * gu_scale[2 * ch + up];
+         });
+  unpack(D, I, &rp.down[e * dn_units * kMoeUnitBytes], &rp.w4a8_down_index[e * dn_units * sbytes],
+         [&](int r, int c, float v) { w.w2[size_t(r) * I + c] = v * dn_scale[r]; });
+  return w;
+}
+
 MoeFp4Weights::MoeFp4Weights(const MoeFp4Shape& shape) : shape_(shape) {
   const int sbytes = moe_unit_scale_bytes(shape.format);
   const size_t gu_units = size_t(2 * shape.inter / kMoeUnitRows) * (shape.hidden / kMoeUnitCols);
@@ -232,6 +319,12 @@ MoeFp4Weights::MoeFp4Weights(const MoeFp4Shape& shape) : shape_(shape) {
   down_ = DeviceBuffer<uint8_t>(shape.experts * dn_units * kMoeUnitBytes);
   down_scales_ = DeviceBuffer<uint8_t>(shape.experts * dn_units * sbytes);
   factors_ = DeviceBuffer<float>(size_t(shape.experts) * kFactorsPerExpert);
+  if (shape.format == MoeFp4Format::Mxfp4) {
+    w4a8_gate_up_index_ = DeviceBuffer<uint8_t>(shape.experts * gu_units * sbytes);
+    w4a8_down_index_ = DeviceBuffer<uint8_t>(shape.experts * dn_units * sbytes);
+    w4a8_gate_up_row_scale_ = DeviceBuffer<float>(size_t(shape.experts) * shape.inter * 2);
+    w4a8_down_row_scale_ = DeviceBuffer<float>(size_t(shape.experts) * shape.hidden);
+  }
 }
 
 MoeFp4Weights::MoeFp4Weights(const MoeFp4Repacked& rp, cudaStream_t stream) : MoeFp4Weights(rp.shape) {
@@ -240,6 +333,12 @@ MoeFp4Weights::MoeFp4Weights(const MoeFp4Repacked& rp, cudaStream_t stream) : Mo
   down_.upload(rp.down, stream);
   down_scales_.upload(rp.down_scales, stream);
   factors_.upload(rp.factors, stream);
+  if (has_w4a8()) {
+    w4a8_gate_up_index_.upload(rp.w4a8_gate_up_index, stream);
+    w4a8_down_index_.upload(rp.w4a8_down_index, stream);
+    w4a8_gate_up_row_scale_.upload(rp.w4a8_gate_up_row_scale, stream);
+    w4a8_down_row_scale_.upload(rp.w4a8_down_row_scale, stream);
+  }
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host vectors die with the caller
 }
 
@@ -270,6 +369,13 @@ MoeWorkspace::MoeWorkspace(const MoeFp4Shape& shape, int max_tokens, int k)
       hidden_act(size_t(std::max(max_tokens, 1)) * k * shape.inter),
       expert_out(size_t(std::max(max_tokens, 1)) * k * shape.hidden),
       max_tokens_(max_tokens),
-      k_(k) {}
+      k_(k) {
+  if (shape.format == MoeFp4Format::Mxfp4) {
+    const size_t elems = std::max(size_t(std::max(max_tokens, 1)) * shape.hidden,
+                                  size_t(std::max(max_tokens, 1)) * k * shape.inter);
+    act_fp8 = DeviceBuffer<uint8_t>(elems);
+    act_scale = DeviceBuffer<float>(elems / 128);
+  }
+}
 
 }  // namespace dsv4::cuda

@@ -1,0 +1,16 @@
+// FP8 activation quantisation of SPEC.md §2.2 ("act_quant", block 128) on the GPU: the input of the
+// reference's FP8 and FP4 linears. Per row and per 128 channels, amax floored at 1e-4, a power-of-two
+// scale s = 2^ceil(log2(amax/448)) and q = e4m3(clamp(x/s, ±448)), bit for bit as
+// cpu::quantize_fp8_block (backend/cpu/cpu_backend.h).
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsv4::cuda {
+
+// x: bf16 [rows, cols] (cols a multiple of 128); q: e4m3 [rows, cols]; scales: f32 [rows, cols/128].
+// Launched as a programmatic dependent (reads x after the previous kernel's writes are visible).
+void act_quant_fp8(const uint16_t* x, int rows, int cols, uint8_t* q, float* scales, cudaStream_t stream);
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,367 @@
+// W4A8 expert GEMMs for large token counts on sm_90a (SPEC.md §2.2, §2.4, §3.7): MXFP4 weights
+// become e4m3 in shared memory (exact, see moe_fp4.h), activations are e4m3 with one power-of-two
+// scale per 128 channels (act_quant_fp8.h), and FP8 wgmma multiplies them with f32 accumulation.
+//
+// Persistent blocks (one per SM) take jobs = (expert slot, 128-row tile of its weight matrix, 128-token
+// tile of the slot's tokens). A block is warp-specialised: warpgroups 0 and 1 produce, for each
+// 128-input chunk, the activation tile (gathered rows, cp.async), the tokens' activation scales and the
+// weight tile turned from FP4 into e4m3 (raw bytes by cp.async three chunks ahead into a private ring,
+// then a table lookup per nibble); warpgroups 2 and 3 (64 tokens each) run four m64n128k32 wgmma per
+// chunk into a fresh accumulator and fold it into the f32 sum with the activation scales. Folding per
+// 128 inputs is what the reference does too (its scale changes every 128), and it keeps the tensor
+// core's reduced-precision FP8 accumulation to 128-long runs. Producer and consumers hand stages over
+// through named barriers (full: producer arrives, consumers wait; empty: the reverse), five stages deep;
+// the ring runs on across jobs, so the next job's copies overlap the current one's last chunks and
+// epilogue.
+// Shared memory: per stage [128 tokens × 128 B | 128 weight rows × 128 B | 128 scales], both tiles
+// K-major with the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), what the wgmma
+// descriptors say; then the producer's raw ring.
+#include <cuda_bf16.h>
+#include <cuda_fp8.h>
+
+#include <algorithm>
+
+#include "backend/cuda/moe_fp4.h"
+#include "backend/cuda/moe_fp4_kernels.cuh"
+#include "core/error.h"
+
+namespace dsv4::cuda::moe_detail {
+namespace {
+
+constexpr int kTileM = 128, kTileN = 128, kTileK = 128;
+constexpr int kThreads = 512;    // two producer warpgroups + two consumer warpgroups
+constexpr int kProducers = 256;
+// Registers per thread after the split (setmaxnreg; the block starts with 65536 / 512 = 128 each).
+constexpr int kProducerRegs = 96, kConsumerRegs = 160;
+static_assert(kProducers * kProducerRegs + (kThreads - kProducers) * kConsumerRegs <= 65536, "register file");
+constexpr int kStages = 5;
+constexpr int kAhead = 3;  // the producers' copies run this many chunks ahead of their conversion
+// Stage: activation tile (at 0) | e4m3 weight tile | activation scales.
+constexpr int kStageB = kTileM * kTileK, kStageScale = kStageB + kTileN * kTileK, kStageBytes = 33 * 1024;
+static_assert(kStageScale + kTileM * 4 <= kStageBytes && kStageBytes % 1024 == 0, "stage layout");
+// Producers' raw ring (chunks kc … kc+kAhead in flight): per thread 2 slices × 16 B of FP4 and 2 × 4 B of
+// table indices.
+constexpr int kRaw = kAhead + 1;
+constexpr int kRawIndex = 2 * kProducers * 16, kRawBytes = kRawIndex + 2 * kProducers * 4;
+constexpr int kSmemBytes = kStages * kStageBytes + kRaw * kRawBytes + 1024;  // + slack to align to 1024 B
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+// wgmma shared-memory descriptor: K-major, 128-byte swizzle, 8-row groups 1024 B apart.
+__device__ __forceinline__ uint64_t smem_desc(uint32_t addr) {
+  return uint64_t((addr & 0x3FFFF) >> 4) | (uint64_t(1) << 16) | (uint64_t(1024 >> 4) << 32) | (uint64_t(1) << 62);
+}
+
+// d (+)= A · Bᵀ, A 64×32 and B 128×32 e4m3 from shared memory, d: this thread's 64 f32 accumulators.
+__device__ __forceinline__ void wgmma_m64n128k32_e4m3(float (&d)[64], uint64_t desc_a, uint64_t desc_b, bool accumulate) {
+  asm volatile(
+      "{\n.reg .pred p;\nsetp.ne.b32 p, %66, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n128k32.f32.e4m3.e4m3 {%0,%1,%2,%3,%4,%5,%6,%7,%8,%9,%10,%11,%12,%13,%14,%15,%16,%17,%18,%19,%20,%21,%22,%23,%24,%25,%26,%27,%28,%29,%30,%31,%32,%33,%34,%35,%36,%37,%38,%39,%40,%41,%42,%43,%44,%45,%46,%47,%48,%49,%50,%51,%52,%53,%54,%55,%56,%57,%58,%59,%60,%61,%62,%63}, %64, %65, p, 1, 1;\n}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47]), "+f"(d[48]), "+f"(d[49]), "+f"(d[50]), "+f"(d[51]), "+f"(d[52]), "+f"(d[53]), "+f"(d[54]), "+f"(d[55]), "+f"(d[56]), "+f"(d[57]), "+f"(d[58]), "+f"(d[59]), "+f"(d[60]), "+f"(d[61]), "+f"(d[62]), "+f"(d[63])
+      : "l"(desc_a), "l"(desc_b), "r"(int(accumulate)));
+}
+
+// Keeps the compiler from moving accesses of d across the asynchronous wgmma window.
+__device__ __forceinline__ void fence_operands(float (&d)[64]) {
+#pragma unroll
+  for (int i = 0; i < 64; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+template <int N>
+__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
+// Named barriers 1..2·kStages: stage s is full (id 1 + s) or empty (id 1 + kStages + s); all kThreads count.
+__device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory"); }
+__device__ __forceinline__ int full_bar(int kc) { return 1 + kc % kStages; }
+__device__ __forceinline__ int empty_bar(int kc) { return 1 + kStages + kc % kStages; }
+__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
+  float v;
+  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
+  return v;
+}
+// Loads of the producer's own ring bytes: ordered by volatility with its cp.async waits and stores.
+__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
+  uint32_t v;
+  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
+  uint4 v;
+  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
+  return v;
+}
+__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
+  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
+}
+// (a & c) | (b & ~c) and a | (b & c), as one LOP3 each.
+__device__ __forceinline__ uint32_t select_bits(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xE4;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+__device__ __forceinline__ uint32_t or_masked(uint32_t a, uint32_t b, uint32_t c) {
+  uint32_t d;
+  asm("lop3.b32 %0, %1, %2, %3, 0xF8;\n" : "=r"(d) : "r"(a), "r"(b), "r"(c));
+  return d;
+}
+
+// One 16-byte lane slice of a unit (moe_fp4.h: rows g and g+8, 16 consecutive inputs) → 16 e4m3
+// bytes per row, in input order. Word t's nibbles 0,4,2,6 are row g's inputs 4t+0..3, nibbles
+// 1,5,3,7 row g+8's. A nibble's magnitude bits select its byte of the row's 8-entry table (PRMT; the
+// selector's bit 3 must be clear), its sign bit moves to bit 7.
+__device__ __forceinline__ void slice_to_e4m3(uint4 w, uint2 table_g, uint2 table_g8, uint4& row_g, uint4& row_g8) {
+  const uint32_t words[4] = {w.x, w.y, w.z, w.w};
+  uint32_t out_g[4], out_g8[4];
+#pragma unroll
+  for (int t = 0; t < 4; ++t) {
+    const uint32_t x = words[t];
+    const uint32_t swapped = __byte_perm(x, 0, 0x3120);  // bytes (n0 n1)(n4 n5)(n2 n3)(n6 n7)
+    const uint32_t mag = x & 0x77777777u;
+    const uint32_t sel_g = select_bits(mag, mag >> 12, 0x0F0Fu);         // n0 n4 n2 n6
+    const uint32_t sel_g8 = select_bits(mag >> 4, mag >> 16, 0x0F0Fu);   // n1 n5 n3 n7
+    out_g[t] = or_masked(__byte_perm(table_g.x, table_g.y, sel_g), swapped << 4, 0x80808080u);
+    out_g8[t] = or_masked(__byte_perm(table_g8.x, table_g8.y, sel_g8), swapped, 0x80808080u);
+  }
+  row_g = make_uint4(out_g[0], out_g[1], out_g[2], out_g[3]);
+  row_g8 = make_uint4(out_g8[0], out_g8[1], out_g8[2], out_g8[3]);
+}
+#endif
+
+template <bool kGateUp>
+__global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) {
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+  extern __shared__ uint8_t smem_raw[];
+  __shared__ uint2 tables[kW4a8Tables];
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
+  if (tid < kW4a8Tables * 8) {
+    // Table i, entry c: e4m3(e2m1(c) · 2^(i + kW4a8MinShift)), exact or rounded to nearest even.
+    const int i = tid / 8, c = tid % 8;
+    const float e2m1 = c < 2 ? 0.5f * c : float(1 << (c / 2 - 1)) * (1.f + 0.5f * (c & 1));
+    const uint8_t code = uint8_t(__nv_cvt_float_to_fp8(ldexpf(e2m1, i + kW4a8MinShift), __NV_SATFINITE, __NV_E4M3));
+    reinterpret_cast<uint8_t*>(tables)[tid] = code;
+  }
+  pdl_wait();  // routing, activations and (down) the gate-up output come from the kernels before
+  pdl_launch_dependents();
+  __syncthreads();
+  const int n_tiles = p.rows / kTileN, items = p.max_slots * n_tiles, chunks = p.K / kTileK;
+  const uint32_t smem = (smem_u32(smem_raw) + 1023) & ~1023u;
+  // Stages and their barriers are indexed by the block's running chunk count, across jobs.
+  auto stage = [&](int c) { return smem + (c % kStages) * kStageBytes; };
+  // Jobs: (slot, weight tile) items round-robin over the persistent blocks (neighbouring blocks take
+  // the tiles of one slot, so its activation rows are shared in L2), then each item's token tiles.
+  // Producers and consumers walk the same sequence.
+  auto for_each_job = [&](auto&& job) {
+    for (int item = blockIdx.x; item < items; item += gridDim.x) {
+      const int slot = item / n_tiles, n_tile = item % n_tiles;
+      const int expert = p.slot_expert[slot];
+      if (expert < 0) continue;
+      const int begin = p.slot_begin[slot], count = p.slot_count[slot];
+      for (int m0 = 0; m0 < count; m0 += kTileM) job(expert, n_tile, begin, count, m0);
+    }
+  };
+
+  if (warp < kProducers / 32) {
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
+    // ---- Producers. Weights: warp w converts unit row tile 8·n_tile + w; slice i takes unit half
+    // i ^ (g & 1) of the chunk (so that a quarter-warp's 16-byte stores land in 8 distinct bank groups).
+    constexpr int kIndexBytes = moe_unit_scale_bytes(MoeFp4Format::Mxfp4);
+    const int units_per_row = p.K / kMoeUnitCols;
+    uint32_t b_off[2][2];  // [slice][row g, row g+8] inside the stage
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int chunk16 = 4 * (i ^ (g & 1)) + q;
+      // Rows g and g+8 of the unit: gate-up interleaves gate and up of each channel.
+      const int r0 = kGateUp ? 16 * warp + 2 * g : 16 * warp + g, r1 = kGateUp ? r0 + 1 : r0 + 8;
+      b_off[i][0] = kStageB + r0 * 128 + ((chunk16 ^ (r0 & 7)) << 4);
+      b_off[i][1] = kStageB + r1 * 128 + ((chunk16 ^ (r1 & 7)) << 4);
+    }
+    const int index_shift = 16 * (q >> 1);  // this lane's two index bytes inside the 4 it copies
+    const uint32_t raw0 = smem + kStages * kStageBytes + tid * 16, raw_index0 = smem + kStages * kStageBytes + kRawIndex + tid * 4;
+    const int a_row0 = tid / 8;
+    const uint32_t a_off0 = a_row0 * 128 + (((tid % 8) ^ (a_row0 & 7)) << 4);  // rows + 32 j keep r & 7
+    int c0 = 0;  // chunks produced before this job
+
+    for_each_job([&](int expert, int n_tile, int begin, int count, int m0) {
+      const size_t unit0 = size_t(n_tile * 8 + warp) * units_per_row;
+      const uint8_t* w_src = p.weights + expert * p.expert_weight_bytes + unit0 * kMoeUnitBytes + lane * 16;
+      const uint8_t* i_src = p.index + expert * p.expert_index_bytes + unit0 * kIndexBytes + 4 * g;
+      // Activations: thread copies 16-byte chunk tid % 8 of rows tid / 8 + 32 j; threads < 128 copy
+      // row tid's scale. Rows past the slot's tokens are zero-filled (scale 0).
+      const uint8_t* a_src[4];
+      int a_bytes[4];
+#pragma unroll
+      for (int j = 0; j < 4; ++j) {
+        const int idx = m0 + a_row0 + 32 * j;
+        const int row = idx < count ? p.sorted_pairs[begin + idx] / p.act_row_divisor : 0;
+        a_src[j] = p.act + size_t(row) * p.K + (tid % 8) * 16;
+        a_bytes[j] = idx < count ? 16 : 0;
+      }
+      const int sx_idx = m0 + tid % kTileM;
+      const float* sx_src = p.act_scale + size_t(sx_idx < count ? p.sorted_pairs[begin + sx_idx] / p.act_row_divisor : 0) * chunks;
+      const int sx_bytes = sx_idx < count ? 4 : 0;
+      // One cp.async group per chunk; past the end an empty one keeps the count uniform.
+      auto issue = [&](int kc) {
+        if (kc < chunks) {
+          const int c = c0 + kc;
+          if (c >= kStages) bar_sync(empty_bar(c));  // consumers are done with chunk c − kStages
+          const uint32_t st = stage(c), raw = (c % kRaw) * kRawBytes;
+#pragma unroll
+          for (int j = 0; j < 4; ++j) cp_async16(st + a_off0 + j * 32 * 128, a_src[j] + kc * kTileK, a_bytes[j]);
+          if (tid < kTileM) cp_async4(st + kStageScale + tid * 4, sx_src + kc, sx_bytes);
+#pragma unroll
+          for (int i = 0; i < 2; ++i) {
+            const int u = 2 * kc + (i ^ (g & 1));
+            cp_async16(raw0 + raw + i * kProducers * 16, w_src + size_t(u) * kMoeUnitBytes);
+            cp_async4(raw_index0 + raw + i * kProducers * 4, i_src + size_t(u) * kIndexBytes);
+          }
+        }
+        cp_async_commit();
+      };
+#pragma unroll
+      for (int kc = 0; kc < kAhead; ++kc) issue(kc);
+      for (int kc = 0; kc < chunks; ++kc) {
+        issue(kc + kAhead);
+        cp_async_wait<kAhead>();  // chunk kc's copies (this thread's) have landed
+        const int c = c0 + kc;
+        const uint32_t st = stage(c), raw = (c % kRaw) * kRawBytes;
+        // Loads of both slices first, then the lookups, then the stores: the slices overlap.
+        uint4 w[2];
+        uint32_t ix[2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          w[i] = ld_shared_v4(raw0 + raw + i * kProducers * 16);
+          ix[i] = ld_shared_u32(raw_index0 + raw + i * kProducers * 4) >> index_shift;
+        }
+        uint4 out[2][2];
+#pragma unroll
+        for (int i = 0; i < 2; ++i) slice_to_e4m3(w[i], tables[ix[i] & 0xff], tables[(ix[i] >> 8) & 0xff], out[i][0], out[i][1]);
+#pragma unroll
+        for (int i = 0; i < 2; ++i) {
+          st_shared_v4(st + b_off[i][0], out[i][0]);
+          st_shared_v4(st + b_off[i][1], out[i][1]);
+        }
+        fence_proxy_async();  // this thread's cp.async and st.shared data, for the tensor cores
+        bar_arrive(full_bar(c));
+      }
+      c0 += chunks;
+    });
+    // The consumers signal every chunk empty; take the last kStages signals so every barrier balances.
+    for (int c = c0 > kStages ? c0 - kStages : 0; c < c0; ++c) bar_sync(empty_bar(c));
+    return;
+  }
+
+  // ---- Consumers: warpgroup c (2, 3) multiplies token rows 64·(c − 2) … +63.
+  asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
+  const int cw = warp / 4 - kProducers / 128;
+  const int m_lo = 64 * cw + 16 * (warp % 4) + g;  // this thread's accumulator rows: m_lo, m_lo + 8
+  int c0 = 0;
+  for_each_job([&](int expert, int n_tile, int begin, int count, int m0) {
+    float acc[64], part[64];
+#pragma unroll
+    for (int i = 0; i < 64; ++i) acc[i] = 0.f;
+    for (int kc = 0; kc < chunks; ++kc) {
+      const int c = c0 + kc;
+      const uint32_t st = stage(c);
+      bar_sync(full_bar(c));
+      fence_operands(part);
+      wgmma_fence();
+#pragma unroll
+      for (int j = 0; j < kTileK / 32; ++j)
+        wgmma_m64n128k32_e4m3(part, smem_desc(st + cw * 64 * kTileK + 32 * j), smem_desc(st + kStageB + 32 * j), j > 0);
+      wgmma_commit();
+      const float sx0 = ld_shared_f32(st + kStageScale + m_lo * 4), sx1 = ld_shared_f32(st + kStageScale + (m_lo + 8) * 4);
+      wgmma_wait_all();
+      fence_operands(part);
+      bar_arrive(empty_bar(c));
+#pragma unroll
+      for (int i = 0; i < 64; ++i) acc[i] = fmaf(part[i], (i & 2) ? sx1 : sx0, acc[i]);
+    }
+    c0 += chunks;
+
+    // Epilogue (the producers already fill the stages for the next job). Everything it reads is loaded
+    // before its first store. Accumulator i: n8 block j = i / 4, token row m_lo + 8·((i / 2) & 1),
+    // column 8j + 2q + (i & 1).
+    int pair_of[2];
+    float topk_w[2];
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int idx = m0 + m_lo + 8 * h;
+      pair_of[h] = idx < count ? p.sorted_pairs[begin + idx] : -1;
+      topk_w[h] = kGateUp && pair_of[h] >= 0 ? p.topk_weights[pair_of[h]] : 0.f;
+    }
+    const float* row_scale = p.row_scale + size_t(expert) * p.rows + n_tile * kTileN;
+    float2 rs[kTileN / 8];
+#pragma unroll
+    for (int j = 0; j < kTileN / 8; ++j) rs[j] = *reinterpret_cast<const float2*>(row_scale + 8 * j + 2 * q);
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int pair = pair_of[h];
+      if (pair < 0) continue;
+      __nv_bfloat16* out = p.out + size_t(pair) * p.out_cols;
+#pragma unroll
+      for (int j = 0; j < kTileN / 8; ++j) {
+        const float v0 = acc[4 * j + 2 * h] * rs[j].x, v1 = acc[4 * j + 2 * h + 1] * rs[j].y;
+        if (kGateUp) {
+          // Columns 2c, 2c+1 are gate and up of channel c = 64·n_tile + 4j + q (SPEC §3.7).
+          const float gate = fminf(bf16_round(v0), p.swiglu_limit);
+          const float up = fminf(fmaxf(bf16_round(v1), -p.swiglu_limit), p.swiglu_limit);
+          out[(kTileN / 2) * n_tile + 4 * j + q] = __float2bfloat16_rn(gate / (1.f + expf(-gate)) * up * topk_w[h]);
+        } else {
+          *reinterpret_cast<__nv_bfloat162*>(out + kTileN * n_tile + 8 * j + 2 * q) = __floats2bfloat162_rn(v0, v1);
+        }
+      }
+    }
+  });
+#else
+  __trap();  // launched only where moe_w4a8_supported() holds
+#endif
+}
+
+template <bool kGateUp>
+int kernel_binary_version() {
+  cudaFuncAttributes attr{};
+  if (cudaFuncGetAttributes(&attr, moe_w4a8_gemm_kernel<kGateUp>) != cudaSuccess) {
+    (void)cudaGetLastError();
+    return 0;
+  }
+  return attr.binaryVersion;
+}
+
+}  // namespace
+
+bool moe_w4a8_supported() {
+  static const bool supported = [] {
+    int device = 0, major = 0, minor = 0;
+    if (cudaGetDevice(&device) != cudaSuccess) return false;
+    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
+    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
+    // The kernel is built for sm_90a only: the binary picked for this device must be that one.
+    return major == 9 && minor == 0 && kernel_binary_version<true>() == 90 && kernel_binary_version<false>() == 90;
+  }();
+  return supported;
+}
+
+void moe_w4a8_gemm(bool gate_up, const W4a8Args& args, int max_slots, cudaStream_t stream) {
+  if (!moe_w4a8_supported()) fail("moe_fp4: the W4A8 path needs an sm_90 GPU and a build with sm_90a");
+  if (args.rows % kTileN || args.K % kTileK) fail("moe_fp4 W4A8: rows {} and K {} must be multiples of 128", args.rows, args.K);
+  auto kernel = gate_up ? moe_w4a8_gemm_kernel<true> : moe_w4a8_gemm_kernel<false>;
+  static bool configured[2] = {false, false};
+  if (!configured[gate_up]) {
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
+    configured[gate_up] = true;
+  }
+  static const int sms = [] {
+    int device = 0, count = 0;
+    DSV4_CUDA_CHECK(cudaGetDevice(&device));
+    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
+    return count;
+  }();
+  W4a8Args a = args;
+  a.max_slots = max_slots;
+  const int items = max_slots * (args.rows / kTileN);
+  launch_programmatic(kernel, dim3(std::min(items, sms)), dim3(kThreads), kSmemBytes, stream, a);
+}
+
+}  // namespace dsv4::cuda::moe_detail
