@@ -275,14 +275,17 @@ void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int to
 
 }  // namespace
 
-// The dispatcher, in one place. With at most ~8 pairs per expert on average every weight byte is
-// read once per forward: the W4A16 decode path (the shared-memory streaming kernel, W4A16Stream,
-// measured slower on the H200 at every decode size, docs/perf/moe_fp4.md, so it runs only when
-// forced). Above that, on sm_90 with MXFP4 experts, the W4A8 wgmma path; elsewhere (sm_120, NVFP4)
-// the batched W4A16 variant, which amortises each dequantised weight over 32 tokens.
+// The dispatcher, in one place (crossovers measured on the H200, docs/perf/moe_fp4.md). With at most
+// ~8 pairs per expert on average every weight byte is read once per forward: the W4A16 decode path
+// (the shared-memory streaming kernel, W4A16Stream, measured slower at every decode size, runs only
+// when forced). On sm_90 with MXFP4 experts the W4A8 wgmma path takes over above 16 pairs per expert
+// (at 12 the decode path is still faster); elsewhere (sm_120, NVFP4) the batched W4A16 variant, which
+// amortises each dequantised weight over 32 tokens, takes over above 8.
 MoeFp4Path moe_fp4_select_path(const MoeFp4Shape& shape, int tokens, int k) {
-  if (int64_t(tokens) * k <= int64_t(8) * shape.experts) return MoeFp4Path::W4A16Decode;
-  if (moe_fp4_path_available(MoeFp4Path::W4A8, shape)) return MoeFp4Path::W4A8;
+  const int64_t pairs = int64_t(tokens) * k, experts = shape.experts;
+  const bool w4a8 = moe_fp4_path_available(MoeFp4Path::W4A8, shape);
+  if (w4a8 && pairs > 16 * experts) return MoeFp4Path::W4A8;
+  if (w4a8 || pairs <= 8 * experts) return MoeFp4Path::W4A16Decode;
   return MoeFp4Path::W4A16Batched;
 }
 

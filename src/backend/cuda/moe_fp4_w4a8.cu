@@ -3,19 +3,18 @@
 // scale per 128 channels (act_quant_fp8.h), and FP8 wgmma multiplies them with f32 accumulation.
 //
 // Persistent blocks (one per SM) take jobs = (expert slot, 128-row tile of its weight matrix, 128-token
-// tile of the slot's tokens). A block is warp-specialised: warpgroups 0 and 1 produce, for each
-// 128-input chunk, the activation tile (gathered rows, cp.async), the tokens' activation scales and the
-// weight tile turned from FP4 into e4m3 (raw bytes by cp.async three chunks ahead into a private ring,
-// then a table lookup per nibble); warpgroups 2 and 3 (64 tokens each) run four m64n128k32 wgmma per
-// chunk into a fresh accumulator and fold it into the f32 sum with the activation scales. Folding per
-// 128 inputs is what the reference does too (its scale changes every 128), and it keeps the tensor
-// core's reduced-precision FP8 accumulation to 128-long runs. Producer and consumers hand stages over
-// through named barriers (full: producer arrives, consumers wait; empty: the reverse), five stages deep;
-// the ring runs on across jobs, so the next job's copies overlap the current one's last chunks and
-// epilogue.
+// tile of the slot's tokens). A block is warp-specialised. Per 128-input chunk, warpgroup 1 copies the
+// activation tile (gathered rows), the tokens' activation scales and the raw FP4 weight tile with its
+// table indices (cp.async that arrive on the stage's `loaded` mbarrier when they land); warpgroup 0
+// turns the weights into e4m3 (a table lookup per nibble) and marks the stage full (named barrier);
+// warpgroups 2 and 3 (64 tokens each) run four m64n128k32 wgmma per chunk into a fresh accumulator,
+// mark the stage empty (mbarrier) and fold the product into the f32 sum with the activation scales.
+// Folding per 128 inputs is what the reference does too (its scale changes every 128), and it keeps
+// the tensor core's reduced-precision FP8 accumulation to 128-long runs. Five stages; the ring runs on
+// across jobs, so the next job's copies overlap the current one's last chunks and epilogue.
 // Shared memory: per stage [128 tokens × 128 B | 128 weight rows × 128 B | 128 scales], both tiles
 // K-major with the 128-byte swizzle (16-byte chunk c of row r at chunk c ^ (r % 8)), what the wgmma
-// descriptors say; then the producer's raw ring.
+// descriptors say; then per stage the raw weights.
 #include <cuda_bf16.h>
 #include <cuda_fp8.h>
 
@@ -29,21 +28,20 @@ namespace dsv4::cuda::moe_detail {
 namespace {
 
 constexpr int kTileM = 128, kTileN = 128, kTileK = 128;
-constexpr int kThreads = 512;    // two producer warpgroups + two consumer warpgroups
-constexpr int kProducers = 256;
+constexpr int kThreads = 512;    // converters, loaders, two consumer warpgroups
+constexpr int kProducers = 256;  // converters + loaders
 // Registers per thread after the split (setmaxnreg; the block starts with 65536 / 512 = 128 each).
 constexpr int kProducerRegs = 96, kConsumerRegs = 160;
 static_assert(kProducers * kProducerRegs + (kThreads - kProducers) * kConsumerRegs <= 65536, "register file");
 constexpr int kStages = 5;
-constexpr int kAhead = 3;  // the producers' copies run this many chunks ahead of their conversion
 // Stage: activation tile (at 0) | e4m3 weight tile | activation scales.
 constexpr int kStageB = kTileM * kTileK, kStageScale = kStageB + kTileN * kTileK, kStageBytes = 33 * 1024;
 static_assert(kStageScale + kTileM * 4 <= kStageBytes && kStageBytes % 1024 == 0, "stage layout");
-// Producers' raw ring (chunks kc … kc+kAhead in flight): per thread 2 slices × 16 B of FP4 and 2 × 4 B of
-// table indices.
-constexpr int kRaw = kAhead + 1;
-constexpr int kRawIndex = 2 * kProducers * 16, kRawBytes = kRawIndex + 2 * kProducers * 4;
-constexpr int kSmemBytes = kStages * kStageBytes + kRaw * kRawBytes + 1024;  // + slack to align to 1024 B
+// Raw FP4 weights of each stage, copied by the loaders for the converters: per converter thread 4
+// slices × 16 B and 4 table-index words.
+constexpr int kConverters = 128;
+constexpr int kRawIndex = 4 * kConverters * 16, kRawBytes = kRawIndex + 4 * kConverters * 4;
+constexpr int kSmemBytes = kStages * (kStageBytes + kRawBytes) + 1024;  // + slack to align to 1024 B
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 // wgmma shared-memory descriptor: K-major, 128-byte swizzle, 8-row groups 1024 B apart.
@@ -69,13 +67,29 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-template <int N>
-__device__ __forceinline__ void cp_async_wait() { asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory"); }
-// Named barriers 1..2·kStages: stage s is full (id 1 + s) or empty (id 1 + kStages + s); all kThreads count.
-__device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory"); }
-__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kThreads) : "memory"); }
-__device__ __forceinline__ int full_bar(int kc) { return 1 + kc % kStages; }
-__device__ __forceinline__ int empty_bar(int kc) { return 1 + kStages + kc % kStages; }
+// Named barrier 1 + s: stage s is full (its converters arrive, the consumers wait).
+constexpr int kFullBarThreads = kConverters + (kThreads - kProducers);
+__device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kFullBarThreads) : "memory"); }
+__device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kFullBarThreads) : "memory"); }
+__device__ __forceinline__ int full_bar(int c) { return 1 + c % kStages; }
+// mbarriers: a stage's copies have landed (each loader thread's cp.async arrive on completion), and a
+// stage is empty (each consumer thread arrives). No thread waits on copies of its own, so no barrier
+// or fence of a thread with copies in flight stands in their way.
+__device__ __forceinline__ void mbar_init(uint32_t addr, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
+}
+__device__ __forceinline__ void mbar_arrive(uint32_t addr) {
+  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(addr) : "memory");
+}
+__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t addr) {
+  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
+}
+__device__ __forceinline__ void mbar_wait(uint32_t addr, uint32_t parity) {
+  asm volatile(
+      "{\n.reg .pred p;\nwait_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra wait_%=;\n}\n" ::"r"(addr),
+      "r"(parity)
+      : "memory");
+}
 __device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
   float v;
   asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
@@ -134,6 +148,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
   __shared__ uint2 tables[kW4a8Tables];
+  __shared__ __align__(8) uint64_t loaded[kStages], emptied[kStages];
   const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
   if (tid < kW4a8Tables * 8) {
     // Table i, entry c: e4m3(e2m1(c) · 2^(i + kW4a8MinShift)), exact or rounded to nearest even.
@@ -141,6 +156,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
     const float e2m1 = c < 2 ? 0.5f * c : float(1 << (c / 2 - 1)) * (1.f + 0.5f * (c & 1));
     const uint8_t code = uint8_t(__nv_cvt_float_to_fp8(ldexpf(e2m1, i + kW4a8MinShift), __NV_SATFINITE, __NV_E4M3));
     reinterpret_cast<uint8_t*>(tables)[tid] = code;
+  }
+  if (tid < kStages) {
+    mbar_init(smem_u32(&loaded[tid]), kProducers - kConverters);
+    mbar_init(smem_u32(&emptied[tid]), kThreads - kProducers);
   }
   pdl_wait();  // routing, activations and (down) the gate-up output come from the kernels before
   pdl_launch_dependents();
@@ -164,91 +183,102 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
 
   if (warp < kProducers / 32) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    // ---- Producers. Weights: warp w converts unit row tile 8·n_tile + w; slice i takes unit half
-    // i ^ (g & 1) of the chunk (so that a quarter-warp's 16-byte stores land in 8 distinct bank groups).
-    constexpr int kIndexBytes = moe_unit_scale_bytes(MoeFp4Format::Mxfp4);
-    const int units_per_row = p.K / kMoeUnitCols;
-    uint32_t b_off[2][2];  // [slice][row g, row g+8] inside the stage
+    // ---- Producers: warpgroup 0 converts, warpgroup 1 loads. Thread t of either works on the same
+    // weight slices: t's warp w takes unit row tiles 8·n_tile + 2w, 2w+1; slice i takes row tile
+    // 2w + i/2 and unit half (i & 1) ^ (g & 1) of the chunk (so that a quarter-warp's 16-byte stores
+    // land in 8 distinct bank groups).
+    const int pt = tid % kConverters, pw = pt / 32;
+    const uint32_t raw0 = smem + kStages * kStageBytes;
+    auto raw = [&](int c) { return raw0 + (c % kStages) * kRawBytes; };
+    int c0 = 0;  // chunks before the current job
+    if (warp >= kConverters / 32) {
+      // Loaders: every copy of a chunk (activation rows, activation scales, raw weights, table
+      // indices) as cp.async that arrive on the stage's `loaded` mbarrier when they land.
+      constexpr int kIndexBytes = moe_unit_scale_bytes(MoeFp4Format::Mxfp4);
+      const int units_per_row = p.K / kMoeUnitCols;
+      const int a_row0 = pt / 8;
+      const uint32_t a_off0 = a_row0 * 128 + (((pt % 8) ^ (a_row0 & 7)) << 4);  // rows + 16 j keep r & 7
+      for_each_job([&](int expert, int n_tile, int begin, int count, int m0) {
+        const uint8_t* w_src[2];
+        const uint8_t* i_src[2];
 #pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int chunk16 = 4 * (i ^ (g & 1)) + q;
+        for (int h = 0; h < 2; ++h) {
+          const size_t unit0 = size_t(n_tile * 8 + 2 * pw + h) * units_per_row;
+          w_src[h] = p.weights + expert * p.expert_weight_bytes + unit0 * kMoeUnitBytes + lane * 16;
+          i_src[h] = p.index + expert * p.expert_index_bytes + unit0 * kIndexBytes + 4 * g;
+        }
+        // Thread copies 16-byte chunk pt % 8 of token rows pt / 8 + 16 j, and row pt's scale; rows
+        // past the slot's tokens are zero-filled (scale 0).
+        const uint8_t* a_src[8];
+        int a_bytes[8];
+#pragma unroll
+        for (int j = 0; j < 8; ++j) {
+          const int idx = m0 + a_row0 + 16 * j;
+          const int row = idx < count ? p.sorted_pairs[begin + idx] / p.act_row_divisor : 0;
+          a_src[j] = p.act + size_t(row) * p.K + (pt % 8) * 16;
+          a_bytes[j] = idx < count ? 16 : 0;
+        }
+        const int sx_idx = m0 + pt;
+        const float* sx_src = p.act_scale + size_t(sx_idx < count ? p.sorted_pairs[begin + sx_idx] / p.act_row_divisor : 0) * chunks;
+        const int sx_bytes = sx_idx < count ? 4 : 0;
+        for (int kc = 0; kc < chunks; ++kc) {
+          const int c = c0 + kc;
+          if (c >= kStages) mbar_wait(smem_u32(&emptied[c % kStages]), (c / kStages - 1) & 1);
+          const uint32_t st = stage(c), r = raw(c);
+#pragma unroll
+          for (int j = 0; j < 8; ++j) cp_async16(st + a_off0 + j * 16 * 128, a_src[j] + kc * kTileK, a_bytes[j]);
+          cp_async4(st + kStageScale + pt * 4, sx_src + kc, sx_bytes);
+#pragma unroll
+          for (int i = 0; i < 4; ++i) {
+            const int u = 2 * kc + ((i & 1) ^ (g & 1));
+            cp_async16(r + i * kConverters * 16 + pt * 16, w_src[i / 2] + size_t(u) * kMoeUnitBytes);
+            cp_async4(r + kRawIndex + i * kConverters * 4 + pt * 4, i_src[i / 2] + size_t(u) * kIndexBytes);
+          }
+          cp_async_mbar_arrive(smem_u32(&loaded[c % kStages]));
+        }
+        c0 += chunks;
+      });
+      cp_async_wait_all();  // no copy outlives its thread
+      return;
+    }
+    // Converters: raw FP4 → e4m3 weight tile, then the stage is full.
+    uint32_t b_off[4][2];  // [slice][row g, row g+8] inside the stage
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      const int rt = 2 * pw + i / 2, chunk16 = 4 * ((i & 1) ^ (g & 1)) + q;
       // Rows g and g+8 of the unit: gate-up interleaves gate and up of each channel.
-      const int r0 = kGateUp ? 16 * warp + 2 * g : 16 * warp + g, r1 = kGateUp ? r0 + 1 : r0 + 8;
+      const int r0 = kGateUp ? 16 * rt + 2 * g : 16 * rt + g, r1 = kGateUp ? r0 + 1 : r0 + 8;
       b_off[i][0] = kStageB + r0 * 128 + ((chunk16 ^ (r0 & 7)) << 4);
       b_off[i][1] = kStageB + r1 * 128 + ((chunk16 ^ (r1 & 7)) << 4);
     }
-    const int index_shift = 16 * (q >> 1);  // this lane's two index bytes inside the 4 it copies
-    const uint32_t raw0 = smem + kStages * kStageBytes + tid * 16, raw_index0 = smem + kStages * kStageBytes + kRawIndex + tid * 4;
-    const int a_row0 = tid / 8;
-    const uint32_t a_off0 = a_row0 * 128 + (((tid % 8) ^ (a_row0 & 7)) << 4);  // rows + 32 j keep r & 7
-    int c0 = 0;  // chunks produced before this job
-
-    for_each_job([&](int expert, int n_tile, int begin, int count, int m0) {
-      const size_t unit0 = size_t(n_tile * 8 + warp) * units_per_row;
-      const uint8_t* w_src = p.weights + expert * p.expert_weight_bytes + unit0 * kMoeUnitBytes + lane * 16;
-      const uint8_t* i_src = p.index + expert * p.expert_index_bytes + unit0 * kIndexBytes + 4 * g;
-      // Activations: thread copies 16-byte chunk tid % 8 of rows tid / 8 + 32 j; threads < 128 copy
-      // row tid's scale. Rows past the slot's tokens are zero-filled (scale 0).
-      const uint8_t* a_src[4];
-      int a_bytes[4];
-#pragma unroll
-      for (int j = 0; j < 4; ++j) {
-        const int idx = m0 + a_row0 + 32 * j;
-        const int row = idx < count ? p.sorted_pairs[begin + idx] / p.act_row_divisor : 0;
-        a_src[j] = p.act + size_t(row) * p.K + (tid % 8) * 16;
-        a_bytes[j] = idx < count ? 16 : 0;
-      }
-      const int sx_idx = m0 + tid % kTileM;
-      const float* sx_src = p.act_scale + size_t(sx_idx < count ? p.sorted_pairs[begin + sx_idx] / p.act_row_divisor : 0) * chunks;
-      const int sx_bytes = sx_idx < count ? 4 : 0;
-      // One cp.async group per chunk; past the end an empty one keeps the count uniform.
-      auto issue = [&](int kc) {
-        if (kc < chunks) {
-          const int c = c0 + kc;
-          if (c >= kStages) bar_sync(empty_bar(c));  // consumers are done with chunk c − kStages
-          const uint32_t st = stage(c), raw = (c % kRaw) * kRawBytes;
-#pragma unroll
-          for (int j = 0; j < 4; ++j) cp_async16(st + a_off0 + j * 32 * 128, a_src[j] + kc * kTileK, a_bytes[j]);
-          if (tid < kTileM) cp_async4(st + kStageScale + tid * 4, sx_src + kc, sx_bytes);
-#pragma unroll
-          for (int i = 0; i < 2; ++i) {
-            const int u = 2 * kc + (i ^ (g & 1));
-            cp_async16(raw0 + raw + i * kProducers * 16, w_src + size_t(u) * kMoeUnitBytes);
-            cp_async4(raw_index0 + raw + i * kProducers * 4, i_src + size_t(u) * kIndexBytes);
-          }
-        }
-        cp_async_commit();
-      };
-#pragma unroll
-      for (int kc = 0; kc < kAhead; ++kc) issue(kc);
+    const int index_shift = 16 * (q >> 1);  // this lane's two index bytes inside the 4 copied
+    for_each_job([&](int, int, int, int, int) {
       for (int kc = 0; kc < chunks; ++kc) {
-        issue(kc + kAhead);
-        cp_async_wait<kAhead>();  // chunk kc's copies (this thread's) have landed
         const int c = c0 + kc;
-        const uint32_t st = stage(c), raw = (c % kRaw) * kRawBytes;
-        // Loads of both slices first, then the lookups, then the stores: the slices overlap.
-        uint4 w[2];
-        uint32_t ix[2];
+        const uint32_t st = stage(c), r = raw(c);
+        mbar_wait(smem_u32(&loaded[c % kStages]), (c / kStages) & 1);
+        // Loads of all slices first, then the lookups, then the stores: the slices overlap.
+        uint4 w[4];
+        uint32_t ix[4];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
-          w[i] = ld_shared_v4(raw0 + raw + i * kProducers * 16);
-          ix[i] = ld_shared_u32(raw_index0 + raw + i * kProducers * 4) >> index_shift;
+        for (int i = 0; i < 4; ++i) {
+          w[i] = ld_shared_v4(r + i * kConverters * 16 + pt * 16);
+          ix[i] = ld_shared_u32(r + kRawIndex + i * kConverters * 4 + pt * 4) >> index_shift;
         }
-        uint4 out[2][2];
+        uint4 out[4][2];
 #pragma unroll
-        for (int i = 0; i < 2; ++i) slice_to_e4m3(w[i], tables[ix[i] & 0xff], tables[(ix[i] >> 8) & 0xff], out[i][0], out[i][1]);
+        for (int i = 0; i < 4; ++i) slice_to_e4m3(w[i], tables[ix[i] & 0xff], tables[(ix[i] >> 8) & 0xff], out[i][0], out[i][1]);
 #pragma unroll
-        for (int i = 0; i < 2; ++i) {
+        for (int i = 0; i < 4; ++i) {
           st_shared_v4(st + b_off[i][0], out[i][0]);
           st_shared_v4(st + b_off[i][1], out[i][1]);
         }
-        fence_proxy_async();  // this thread's cp.async and st.shared data, for the tensor cores
+        // The e4m3 tile and (seen through `loaded`) the loaders' activation copies, for the tensor cores.
+        fence_proxy_async();
         bar_arrive(full_bar(c));
       }
       c0 += chunks;
     });
-    // The consumers signal every chunk empty; take the last kStages signals so every barrier balances.
-    for (int c = c0 > kStages ? c0 - kStages : 0; c < c0; ++c) bar_sync(empty_bar(c));
     return;
   }
 
@@ -274,7 +304,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
       const float sx0 = ld_shared_f32(st + kStageScale + m_lo * 4), sx1 = ld_shared_f32(st + kStageScale + (m_lo + 8) * 4);
       wgmma_wait_all();
       fence_operands(part);
-      bar_arrive(empty_bar(c));
+      mbar_arrive(smem_u32(&emptied[c % kStages]));
 #pragma unroll
       for (int i = 0; i < 64; ++i) acc[i] = fmaf(part[i], (i & 2) ? sx1 : sx0, acc[i]);
     }
