@@ -3,11 +3,11 @@
 // scale per 128 channels (act_quant_fp8.h), and FP8 wgmma multiplies them with f32 accumulation.
 //
 // Persistent blocks (one per SM) take jobs = (expert slot, 128-row tile of its weight matrix, 128-token
-// tile of the slot's tokens). A block is warp-specialised. Per 128-input chunk, warpgroup 1 copies the
+// tile of the slot's tokens). A block is warp-specialised. Per 128-input chunk, warpgroup 2 copies the
 // activation tile (gathered rows), the tokens' activation scales and the raw FP4 weight tile with its
-// table indices (cp.async that arrive on the stage's `loaded` mbarrier when they land); warpgroup 0
-// turns the weights into e4m3 (a table lookup per nibble) and marks the stage full (named barrier);
-// warpgroups 2 and 3 (64 tokens each) run four m64n128k32 wgmma per chunk into a fresh accumulator,
+// table indices (cp.async that arrive on the stage's `loaded` mbarrier when they land); warpgroups 0
+// and 1 turn the weights into e4m3 (a table lookup per nibble) and mark the stage full (named
+// barrier); warpgroups 3 and 4 (64 tokens each) run four m64n128k32 wgmma per chunk into a fresh accumulator,
 // mark the stage empty (mbarrier) and fold the product into the f32 sum with the activation scales.
 // Folding per 128 inputs is what the reference does too (its scale changes every 128), and it keeps
 // the tensor core's reduced-precision FP8 accumulation to 128-long runs. Five stages; the ring runs on
@@ -28,19 +28,21 @@ namespace dsv4::cuda::moe_detail {
 namespace {
 
 constexpr int kTileM = 128, kTileN = 128, kTileK = 128;
-constexpr int kThreads = 512;    // converters, loaders, two consumer warpgroups
-constexpr int kProducers = 256;  // converters + loaders
-// Registers per thread after the split (setmaxnreg; the block starts with 65536 / 512 = 128 each).
-constexpr int kProducerRegs = 96, kConsumerRegs = 160;
-static_assert(kProducers * kProducerRegs + (kThreads - kProducers) * kConsumerRegs <= 65536, "register file");
+// Warpgroups 0–1 convert, 2 loads, 3–4 multiply.
+constexpr int kConverters = 256, kLoaders = 128, kConsumers = 256;
+constexpr int kProducers = kConverters + kLoaders, kThreads = kProducers + kConsumers;
+// Registers per thread: the block starts with 96 each (65536 / 640, rounded down to 8); setmaxnreg
+// moves what the producers give up to the consumers.
+constexpr int kLaunchRegs = 96, kProducerRegs = 64, kConsumerRegs = 144;
+static_assert(kConsumers * (kConsumerRegs - kLaunchRegs) <= kProducers * (kLaunchRegs - kProducerRegs), "register pool");
 constexpr int kStages = 5;
 // Stage: activation tile (at 0) | e4m3 weight tile | activation scales.
 constexpr int kStageB = kTileM * kTileK, kStageScale = kStageB + kTileN * kTileK, kStageBytes = 33 * 1024;
 static_assert(kStageScale + kTileM * 4 <= kStageBytes && kStageBytes % 1024 == 0, "stage layout");
-// Raw FP4 weights of each stage, copied by the loaders for the converters: per converter thread 4
-// slices × 16 B and 4 table-index words.
-constexpr int kConverters = 128;
-constexpr int kRawIndex = 4 * kConverters * 16, kRawBytes = kRawIndex + 4 * kConverters * 4;
+// Raw FP4 weights of each stage, copied by the loaders for the converters: 512 slices (16 units × 32
+// lanes) × 16 B, then their table-index words; slice σ = i · kConverters + converter thread.
+constexpr int kSlices = 512;
+constexpr int kRawIndex = kSlices * 16, kRawBytes = kRawIndex + kSlices * 4;
 constexpr int kSmemBytes = kStages * (kStageBytes + kRawBytes) + 1024;  // + slack to align to 1024 B
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
@@ -68,7 +70,7 @@ __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_grou
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
 // Named barrier 1 + s: stage s is full (its converters arrive, the consumers wait).
-constexpr int kFullBarThreads = kConverters + (kThreads - kProducers);
+constexpr int kFullBarThreads = kConverters + kConsumers;
 __device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kFullBarThreads) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kFullBarThreads) : "memory"); }
 __device__ __forceinline__ int full_bar(int c) { return 1 + c % kStages; }
@@ -158,8 +160,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
     reinterpret_cast<uint8_t*>(tables)[tid] = code;
   }
   if (tid < kStages) {
-    mbar_init(smem_u32(&loaded[tid]), kProducers - kConverters);
-    mbar_init(smem_u32(&emptied[tid]), kThreads - kProducers);
+    mbar_init(smem_u32(&loaded[tid]), kLoaders);
+    mbar_init(smem_u32(&emptied[tid]), kConsumers);
   }
   pdl_wait();  // routing, activations and (down) the gate-up output come from the kernels before
   pdl_launch_dependents();
@@ -183,42 +185,44 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
 
   if (warp < kProducers / 32) {
     asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;\n" ::"n"(kProducerRegs));
-    // ---- Producers: warpgroup 0 converts, warpgroup 1 loads. Thread t of either works on the same
-    // weight slices: t's warp w takes unit row tiles 8·n_tile + 2w, 2w+1; slice i takes row tile
-    // 2w + i/2 and unit half (i & 1) ^ (g & 1) of the chunk (so that a quarter-warp's 16-byte stores
-    // land in 8 distinct bank groups).
-    const int pt = tid % kConverters, pw = pt / 32;
+    // ---- Producers. Converter thread t (warp w = t / 32) owns slices σ = i · kConverters + t, i = 0, 1:
+    // lane t % 32 of unit row tile 8·n_tile + w, unit half i ^ (g & 1) of the chunk (so that a
+    // quarter-warp's 16-byte stores land in 8 distinct bank groups).
     const uint32_t raw0 = smem + kStages * kStageBytes;
     auto raw = [&](int c) { return raw0 + (c % kStages) * kRawBytes; };
     int c0 = 0;  // chunks before the current job
     if (warp >= kConverters / 32) {
       // Loaders: every copy of a chunk (activation rows, activation scales, raw weights, table
-      // indices) as cp.async that arrive on the stage's `loaded` mbarrier when they land.
+      // indices) as cp.async that arrive on the stage's `loaded` mbarrier when they land. Loader
+      // thread t copies slices σ = t + kLoaders · m, m = 0..3 (converter thread t + kLoaders·(m & 1),
+      // its slice m / 2).
       constexpr int kIndexBytes = moe_unit_scale_bytes(MoeFp4Format::Mxfp4);
+      const int lt = tid - kConverters, lw = lt / 32;
       const int units_per_row = p.K / kMoeUnitCols;
-      const int a_row0 = pt / 8;
-      const uint32_t a_off0 = a_row0 * 128 + (((pt % 8) ^ (a_row0 & 7)) << 4);  // rows + 16 j keep r & 7
+      const int a_row0 = lt / 8;
+      const uint32_t a_off0 = a_row0 * 128 + (((lt % 8) ^ (a_row0 & 7)) << 4);  // rows + 16 j keep r & 7
       for_each_job([&](int expert, int n_tile, int begin, int count, int m0) {
         const uint8_t* w_src[2];
         const uint8_t* i_src[2];
 #pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const size_t unit0 = size_t(n_tile * 8 + 2 * pw + h) * units_per_row;
+        for (int h = 0; h < 2; ++h) {  // h = m & 1: unit row tile lw + 4h
+          const size_t unit0 = size_t(n_tile * 8 + lw + 4 * h) * units_per_row;
           w_src[h] = p.weights + expert * p.expert_weight_bytes + unit0 * kMoeUnitBytes + lane * 16;
           i_src[h] = p.index + expert * p.expert_index_bytes + unit0 * kIndexBytes + 4 * g;
         }
-        // Thread copies 16-byte chunk pt % 8 of token rows pt / 8 + 16 j, and row pt's scale; rows
+        // Thread copies 16-byte chunk lt % 8 of token rows lt / 8 + 16 j, and row lt's scale; rows
         // past the slot's tokens are zero-filled (scale 0).
-        const uint8_t* a_src[8];
-        int a_bytes[8];
+        const uint8_t* a_base = p.act + (lt % 8) * 16;
+        uint32_t a_row_off[8];  // row · K (< 2^31: the workspace's rows × K)
+        uint32_t a_valid = 0;
 #pragma unroll
         for (int j = 0; j < 8; ++j) {
           const int idx = m0 + a_row0 + 16 * j;
           const int row = idx < count ? p.sorted_pairs[begin + idx] / p.act_row_divisor : 0;
-          a_src[j] = p.act + size_t(row) * p.K + (pt % 8) * 16;
-          a_bytes[j] = idx < count ? 16 : 0;
+          a_row_off[j] = uint32_t(row) * uint32_t(p.K);
+          a_valid |= uint32_t(idx < count) << j;
         }
-        const int sx_idx = m0 + pt;
+        const int sx_idx = m0 + lt;
         const float* sx_src = p.act_scale + size_t(sx_idx < count ? p.sorted_pairs[begin + sx_idx] / p.act_row_divisor : 0) * chunks;
         const int sx_bytes = sx_idx < count ? 4 : 0;
         for (int kc = 0; kc < chunks; ++kc) {
@@ -226,13 +230,14 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
           if (c >= kStages) mbar_wait(smem_u32(&emptied[c % kStages]), (c / kStages - 1) & 1);
           const uint32_t st = stage(c), r = raw(c);
 #pragma unroll
-          for (int j = 0; j < 8; ++j) cp_async16(st + a_off0 + j * 16 * 128, a_src[j] + kc * kTileK, a_bytes[j]);
-          cp_async4(st + kStageScale + pt * 4, sx_src + kc, sx_bytes);
+          for (int j = 0; j < 8; ++j)
+            cp_async16(st + a_off0 + j * 16 * 128, a_base + a_row_off[j] + kc * kTileK, (a_valid >> j) & 1 ? 16 : 0);
+          cp_async4(st + kStageScale + lt * 4, sx_src + kc, sx_bytes);
 #pragma unroll
-          for (int i = 0; i < 4; ++i) {
-            const int u = 2 * kc + ((i & 1) ^ (g & 1));
-            cp_async16(r + i * kConverters * 16 + pt * 16, w_src[i / 2] + size_t(u) * kMoeUnitBytes);
-            cp_async4(r + kRawIndex + i * kConverters * 4 + pt * 4, i_src[i / 2] + size_t(u) * kIndexBytes);
+          for (int m = 0; m < 4; ++m) {
+            const int u = 2 * kc + ((m >> 1) ^ (g & 1)), sigma = lt + kLoaders * m;
+            cp_async16(r + sigma * 16, w_src[m & 1] + size_t(u) * kMoeUnitBytes);
+            cp_async4(r + kRawIndex + sigma * 4, i_src[m & 1] + size_t(u) * kIndexBytes);
           }
           cp_async_mbar_arrive(smem_u32(&loaded[c % kStages]));
         }
@@ -242,12 +247,12 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
       return;
     }
     // Converters: raw FP4 → e4m3 weight tile, then the stage is full.
-    uint32_t b_off[4][2];  // [slice][row g, row g+8] inside the stage
+    uint32_t b_off[2][2];  // [slice][row g, row g+8] inside the stage
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const int rt = 2 * pw + i / 2, chunk16 = 4 * ((i & 1) ^ (g & 1)) + q;
+    for (int i = 0; i < 2; ++i) {
+      const int chunk16 = 4 * (i ^ (g & 1)) + q;
       // Rows g and g+8 of the unit: gate-up interleaves gate and up of each channel.
-      const int r0 = kGateUp ? 16 * rt + 2 * g : 16 * rt + g, r1 = kGateUp ? r0 + 1 : r0 + 8;
+      const int r0 = kGateUp ? 16 * warp + 2 * g : 16 * warp + g, r1 = kGateUp ? r0 + 1 : r0 + 8;
       b_off[i][0] = kStageB + r0 * 128 + ((chunk16 ^ (r0 & 7)) << 4);
       b_off[i][1] = kStageB + r1 * 128 + ((chunk16 ^ (r1 & 7)) << 4);
     }
@@ -257,19 +262,20 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
         const int c = c0 + kc;
         const uint32_t st = stage(c), r = raw(c);
         mbar_wait(smem_u32(&loaded[c % kStages]), (c / kStages) & 1);
-        // Loads of all slices first, then the lookups, then the stores: the slices overlap.
-        uint4 w[4];
-        uint32_t ix[4];
+        // Loads of both slices first, then the lookups, then the stores: the slices overlap.
+        uint4 w[2];
+        uint32_t ix[2];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          w[i] = ld_shared_v4(r + i * kConverters * 16 + pt * 16);
-          ix[i] = ld_shared_u32(r + kRawIndex + i * kConverters * 4 + pt * 4) >> index_shift;
+        for (int i = 0; i < 2; ++i) {
+          const int sigma = i * kConverters + tid;
+          w[i] = ld_shared_v4(r + sigma * 16);
+          ix[i] = ld_shared_u32(r + kRawIndex + sigma * 4) >> index_shift;
         }
-        uint4 out[4][2];
+        uint4 out[2][2];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) slice_to_e4m3(w[i], tables[ix[i] & 0xff], tables[(ix[i] >> 8) & 0xff], out[i][0], out[i][1]);
+        for (int i = 0; i < 2; ++i) slice_to_e4m3(w[i], tables[ix[i] & 0xff], tables[(ix[i] >> 8) & 0xff], out[i][0], out[i][1]);
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
+        for (int i = 0; i < 2; ++i) {
           st_shared_v4(st + b_off[i][0], out[i][0]);
           st_shared_v4(st + b_off[i][1], out[i][1]);
         }
@@ -282,7 +288,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
     return;
   }
 
-  // ---- Consumers: warpgroup c (2, 3) multiplies token rows 64·(c − 2) … +63.
+  // ---- Consumers: warpgroup c (3, 4) multiplies token rows 64·(c − 3) … +63.
   asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;\n" ::"n"(kConsumerRegs));
   const int cw = warp / 4 - kProducers / 128;
   const int m_lo = 64 * cw + 16 * (warp % 4) + g;  // this thread's accumulator rows: m_lo, m_lo + 8
