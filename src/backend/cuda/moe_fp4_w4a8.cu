@@ -69,11 +69,13 @@ __device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.a
 __device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
 __device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
 __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
-// Named barrier 1 + s: stage s is full (its converters arrive, the consumers wait).
-constexpr int kFullBarThreads = kConverters + kConsumers;
+// Named barrier 1 + 2s + w: stage s is full for consumer warpgroup w (the converters arrive on both;
+// one barrier per consumer warpgroup, so that one may start the next chunk's MMAs while the other
+// still folds the last one).
+constexpr int kFullBarThreads = kConverters + kConsumers / 2;
 __device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kFullBarThreads) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kFullBarThreads) : "memory"); }
-__device__ __forceinline__ int full_bar(int c) { return 1 + c % kStages; }
+__device__ __forceinline__ int full_bar(int c, int w) { return 1 + 2 * (c % kStages) + w; }
 // mbarriers: a stage's copies have landed (each loader thread's cp.async arrive on completion), and a
 // stage is empty (each consumer thread arrives). No thread waits on copies of its own, so no barrier
 // or fence of a thread with copies in flight stands in their way.
@@ -281,7 +283,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
         }
         // The e4m3 tile and (seen through `loaded`) the loaders' activation copies, for the tensor cores.
         fence_proxy_async();
-        bar_arrive(full_bar(c));
+        bar_arrive(full_bar(c, 0));
+        bar_arrive(full_bar(c, 1));
       }
       c0 += chunks;
     });
@@ -300,12 +303,13 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
     for (int kc = 0; kc < chunks; ++kc) {
       const int c = c0 + kc;
       const uint32_t st = stage(c);
-      bar_sync(full_bar(c));
+      bar_sync(full_bar(c, cw));
       fence_operands(part);
       wgmma_fence();
+      // K step j starts 32 bytes further along the rows: +2 in the descriptors' address field.
+      const uint64_t desc_a = smem_desc(st + cw * 64 * kTileK), desc_b = smem_desc(st + kStageB);
 #pragma unroll
-      for (int j = 0; j < kTileK / 32; ++j)
-        wgmma_m64n128k32_e4m3(part, smem_desc(st + cw * 64 * kTileK + 32 * j), smem_desc(st + kStageB + 32 * j), j > 0);
+      for (int j = 0; j < kTileK / 32; ++j) wgmma_m64n128k32_e4m3(part, desc_a + 2 * j, desc_b + 2 * j, j > 0);
       wgmma_commit();
       const float sx0 = ld_shared_f32(st + kStageScale + m_lo * 4), sx1 = ld_shared_f32(st + kStageScale + (m_lo + 8) * 4);
       wgmma_wait_all();
