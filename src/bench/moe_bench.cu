@@ -25,12 +25,6 @@ namespace dsv4::bench {
 namespace {
 
 using cuda::DeviceBuffer;
-using cuda::kDownFactor;
-using cuda::kFactorsPerExpert;
-using cuda::kGateFactor;
-using cuda::kMoeUnitBytes;
-using cuda::kUpFactor;
-using cuda::moe_unit_scale_bytes;
 
 #define DSV4_CUBLAS_CHECK(expr)                                                  \
   do {                                                                           \
@@ -60,7 +54,7 @@ __global__ void fill_random_scales(uint8_t* p, size_t n, uint32_t salt, bool mxf
 }
 __global__ void fill_random_w4a8_index(uint8_t* p, size_t n, uint32_t salt) {
   for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
-    p[i] = uint8_t(cuda::kW4a8Tables - 1 - hash32(i, salt) % 6);
+    p[i] = uint8_t(kW4a8Tables - 1 - hash32(i, salt) % 6);
 }
 __global__ void fill_value(float* p, int n, float v) {
   int i = blockIdx.x * blockDim.x + threadIdx.x;

@@ -38,7 +38,7 @@ __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   return *reinterpret_cast<uint32_t*>(&r);
 }
 
-// Stored scale byte → bf16 folded scale, duplicated in both halves (see moe_fp4_repack.cpp).
+// Stored scale byte → bf16 folded scale, duplicated in both halves (see backend/moe_fp4_layout.cpp).
 template <MoeFp4Format F>
 __device__ __forceinline__ uint32_t folded_scale_x2(uint32_t code) {
   uint32_t bits = F == MoeFp4Format::Mxfp4 ? code << 7 : (code << 4) + (224u << 7);

@@ -1,5 +1,5 @@
 // Load-time repack of FP4 expert weights (MXFP4 and NVFP4, SPEC.md §5.1, §5.3) into the unit layout
-// the kernels of moe_fp4.cu read (described in moe_fp4.h), and its inverse for tests.
+// the CUDA kernels read (described in moe_fp4_layout.h), and its inverse for tests.
 //
 // The kernel turns a nibble into bf16 by bit placement: sign → bit 15, the three exponent/mantissa
 // bits → bits 8..6. That bf16 equals e2m1 · 2^-126 for all 16 codes (0.5 becomes the subnormal
@@ -20,12 +20,12 @@
 #include <cmath>
 #include <cstring>
 
-#include "backend/cuda/moe_fp4.h"
+#include "backend/moe_fp4_layout.h"
 #include "core/dtypes.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
 
-namespace dsv4::cuda {
+namespace dsv4 {
 namespace {
 
 constexpr int kNvfp4ExponentBase = 224;  // bf16 exponent field = 224 + stored 5-bit exponent
@@ -130,33 +130,41 @@ void repack_matrix(MoeFp4Format f, int rows, int cols, RowFn row, uint8_t* dst, 
   }
 }
 
-// Inverse of repack_matrix for one matrix: value · factor in f32, row-major [rows, cols], where the
-// row tile layout is given by place(r) = (destination matrix index, destination row).
-template <typename PlaceFn>
-void unrepack_matrix(MoeFp4Format f, int rows, int cols, const uint8_t* src, const uint8_t* src_scales,
-                     PlaceFn place) {
+// Visits every nibble of a unit-layout matrix [rows, cols] with its group's byte (scale code or W4A8
+// table index): fn(row, col, nibble, group byte).
+template <typename Fn>
+void for_each_nibble(MoeFp4Format f, int rows, int cols, const uint8_t* src, const uint8_t* group_bytes, Fn fn) {
   const int group = moe_fp4_group_size(f), kchunks = cols / kMoeUnitCols, sbytes = moe_unit_scale_bytes(f);
   for (int rt = 0; rt < rows / kMoeUnitRows; ++rt)
     for (int kc = 0; kc < kchunks; ++kc) {
       const uint8_t* unit = src + (size_t(rt) * kchunks + kc) * kMoeUnitBytes;
-      const uint8_t* uscale = src_scales + (size_t(rt) * kchunks + kc) * sbytes;
+      const uint8_t* ugroup = group_bytes + (size_t(rt) * kchunks + kc) * sbytes;
       for (int lane = 0; lane < 32; ++lane)
         for (int t = 0; t < 4; ++t)
           for (int i = 0; i < 8; ++i) {
             UnitPos p = unit_position(lane, t, i);
             uint8_t nib = (unit[lane * 16 + t * 4 + i / 2] >> (4 * (i & 1))) & 15;
-            uint8_t sb = uscale[unit_scale_offset(f, p.row16, p.col64 / group)];
-            uint32_t sbits = f == MoeFp4Format::Mxfp4 ? uint32_t(sb) << 7 : (uint32_t(sb) << 4) + (kNvfp4ExponentBase << 7);
-            // The kernel's arithmetic: bf16(nibble bits) · bf16(scale bits) · factor.
-            uint32_t wbits = (uint32_t(nib & 7) << 6) | (uint32_t(nib & 8) << 12);
-            double w = double(bf16_to_f32(uint16_t(wbits))) * double(bf16_to_f32(uint16_t(sbits)));
-            place(rt * kMoeUnitRows + p.row16, kc * kMoeUnitCols + p.col64, w);
+            fn(rt * kMoeUnitRows + p.row16, kc * kMoeUnitCols + p.col64, nib,
+               ugroup[unit_scale_offset(f, p.row16, p.col64 / group)]);
           }
     }
 }
 
+// Inverse of repack_matrix for one matrix: place(row, col, value) with value = the repacked weight as
+// the kernel computes it (before the matrix factor).
+template <typename PlaceFn>
+void unrepack_matrix(MoeFp4Format f, int rows, int cols, const uint8_t* src, const uint8_t* src_scales,
+                     PlaceFn place) {
+  for_each_nibble(f, rows, cols, src, src_scales, [&](int r, int c, uint8_t nib, uint8_t sb) {
+    uint32_t sbits = f == MoeFp4Format::Mxfp4 ? uint32_t(sb) << 7 : (uint32_t(sb) << 4) + (kNvfp4ExponentBase << 7);
+    // The kernel's arithmetic: bf16(nibble bits) · bf16(scale bits) · factor.
+    uint32_t wbits = (uint32_t(nib & 7) << 6) | (uint32_t(nib & 8) << 12);
+    place(r, c, double(bf16_to_f32(uint16_t(wbits))) * double(bf16_to_f32(uint16_t(sbits))));
+  });
+}
+
 // W4A8 table index bytes (unit-scale layout) and row factors of one MXFP4 matrix [rows, cols] whose
-// unit-order row r has ue8m0 codes row_codes(r); see moe_fp4.h. Returns the groups not exact in e4m3.
+// unit-order row r has ue8m0 codes row_codes(r); see moe_fp4_layout.h. Returns the groups not exact in e4m3.
 template <typename CodesFn, typename RowScaleFn>
 size_t w4a8_index_matrix(int rows, int cols, CodesFn row_codes, RowScaleFn set_row_scale, uint8_t* dst) {
   constexpr MoeFp4Format f = MoeFp4Format::Mxfp4;
@@ -274,25 +282,15 @@ MoeFp4ExpertF32 moe_fp4_unrepack_w4a8(const MoeFp4Repacked& rp, int e) {
   const int D = rp.shape.hidden, I = rp.shape.inter;
   constexpr MoeFp4Format f = MoeFp4Format::Mxfp4;
   if (rp.shape.format != f || rp.w4a8_gate_up_index.empty()) fail("moe_fp4_unrepack_w4a8: no W4A8 form (NVFP4)");
-  const int group = moe_fp4_group_size(f), sbytes = moe_unit_scale_bytes(f);
+  const int sbytes = moe_unit_scale_bytes(f);
   const size_t gu_units = size_t(2 * I / kMoeUnitRows) * (D / kMoeUnitCols);
   const size_t dn_units = size_t(D / kMoeUnitRows) * (I / kMoeUnitCols);
+  // The kernel's arithmetic: table entry (e4m3) with the nibble's sign, times the row factor.
   auto unpack = [&](int rows, int cols, const uint8_t* src, const uint8_t* index, auto place) {
-    const int kchunks = cols / kMoeUnitCols;
-    for (int rt = 0; rt < rows / kMoeUnitRows; ++rt)
-      for (int kc = 0; kc < kchunks; ++kc) {
-        const uint8_t* unit = src + (size_t(rt) * kchunks + kc) * kMoeUnitBytes;
-        const uint8_t* uindex = index + (size_t(rt) * kchunks + kc) * sbytes;
-        for (int lane = 0; lane < 32; ++lane)
-          for (int t = 0; t < 4; ++t)
-            for (int i = 0; i < 8; ++i) {
-              UnitPos p = unit_position(lane, t, i);
-              uint8_t nib = (unit[lane * 16 + t * 4 + i / 2] >> (4 * (i & 1))) & 15;
-              int table = uindex[unit_scale_offset(f, p.row16, p.col64 / group)];
-              float v = e4m3_to_f32(moe_w4a8_table_entry(table, nib & 7));
-              place(rt * kMoeUnitRows + p.row16, kc * kMoeUnitCols + p.col64, (nib & 8) ? -v : v);
-            }
-      }
+    for_each_nibble(f, rows, cols, src, index, [&](int r, int c, uint8_t nib, uint8_t table) {
+      float v = e4m3_to_f32(moe_w4a8_table_entry(table, nib & 7));
+      place(r, c, (nib & 8) ? -v : v);
+    });
   };
   const float* gu_scale = &rp.w4a8_gate_up_row_scale[size_t(e) * I * 2];
   const float* dn_scale = &rp.w4a8_down_row_scale[size_t(e) * D];
@@ -310,72 +308,4 @@ MoeFp4ExpertF32 moe_fp4_unrepack_w4a8(const MoeFp4Repacked& rp, int e) {
   return w;
 }
 
-MoeFp4Weights::MoeFp4Weights(const MoeFp4Shape& shape) : shape_(shape) {
-  const int sbytes = moe_unit_scale_bytes(shape.format);
-  const size_t gu_units = size_t(2 * shape.inter / kMoeUnitRows) * (shape.hidden / kMoeUnitCols);
-  const size_t dn_units = size_t(shape.hidden / kMoeUnitRows) * (shape.inter / kMoeUnitCols);
-  gate_up_ = DeviceBuffer<uint8_t>(shape.experts * gu_units * kMoeUnitBytes);
-  gate_up_scales_ = DeviceBuffer<uint8_t>(shape.experts * gu_units * sbytes);
-  down_ = DeviceBuffer<uint8_t>(shape.experts * dn_units * kMoeUnitBytes);
-  down_scales_ = DeviceBuffer<uint8_t>(shape.experts * dn_units * sbytes);
-  factors_ = DeviceBuffer<float>(size_t(shape.experts) * kFactorsPerExpert);
-  if (shape.format == MoeFp4Format::Mxfp4) {
-    w4a8_gate_up_index_ = DeviceBuffer<uint8_t>(shape.experts * gu_units * sbytes);
-    w4a8_down_index_ = DeviceBuffer<uint8_t>(shape.experts * dn_units * sbytes);
-    w4a8_gate_up_row_scale_ = DeviceBuffer<float>(size_t(shape.experts) * shape.inter * 2);
-    w4a8_down_row_scale_ = DeviceBuffer<float>(size_t(shape.experts) * shape.hidden);
-  }
-}
-
-MoeFp4Weights::MoeFp4Weights(const MoeFp4Repacked& rp, cudaStream_t stream) : MoeFp4Weights(rp.shape) {
-  gate_up_.upload(rp.gate_up, stream);
-  gate_up_scales_.upload(rp.gate_up_scales, stream);
-  down_.upload(rp.down, stream);
-  down_scales_.upload(rp.down_scales, stream);
-  factors_.upload(rp.factors, stream);
-  if (has_w4a8()) {
-    w4a8_gate_up_index_.upload(rp.w4a8_gate_up_index, stream);
-    w4a8_down_index_.upload(rp.w4a8_down_index, stream);
-    w4a8_gate_up_row_scale_.upload(rp.w4a8_gate_up_row_scale, stream);
-    w4a8_down_row_scale_.upload(rp.w4a8_down_row_scale, stream);
-  }
-  DSV4_CUDA_CHECK(cudaStreamSynchronize(stream));  // the host vectors die with the caller
-}
-
-MoeFp4Weights::MoeFp4Weights(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertTensors>& experts,
-                             cudaStream_t stream)
-    : MoeFp4Weights(moe_fp4_repack(shape, experts), stream) {}
-
-MoeFp4Weights MoeFp4Weights::allocate(const MoeFp4Shape& shape) {
-  if (shape.hidden % 128 || shape.inter % 128 || shape.experts <= 0 || shape.experts > 1024)
-    fail("MoeFp4Weights: unsupported shape E {} D {} I {}", shape.experts, shape.hidden, shape.inter);
-  return MoeFp4Weights(shape);
-}
-
-size_t MoeFp4Weights::expert_bytes() const {
-  return (gate_up_.bytes() + gate_up_scales_.bytes() + down_.bytes() + down_scales_.bytes()) / shape_.experts;
-}
-
-MoeWorkspace::MoeWorkspace(const MoeFp4Shape& shape, int max_tokens, int k)
-    : active_count(1),
-      slot_expert(shape.experts),
-      slot_begin(shape.experts),
-      slot_count(shape.experts),
-      sorted_pairs(size_t(std::max(max_tokens, 1)) * k),
-      pass_total(1),
-      pass_expert(size_t(shape.experts) + size_t(std::max(max_tokens, 1)) * k),
-      pass_begin(size_t(shape.experts) + size_t(std::max(max_tokens, 1)) * k),
-      pass_rows(size_t(shape.experts) + size_t(std::max(max_tokens, 1)) * k),
-      hidden_act(size_t(std::max(max_tokens, 1)) * k * shape.inter),
-      expert_out(size_t(std::max(max_tokens, 1)) * k * shape.hidden),
-      max_tokens_(max_tokens),
-      k_(k) {
-  if (shape.format == MoeFp4Format::Mxfp4) {
-    const size_t elems = std::max(size_t(std::max(max_tokens, 1)) * shape.hidden,
-                                  size_t(std::max(max_tokens, 1)) * k * shape.inter);
-    act_fp8 = DeviceBuffer<uint8_t>(elems);
-    act_scale = DeviceBuffer<float>(elems / 128);
-  }
-}
-
-}  // namespace dsv4::cuda
+}  // namespace dsv4
