@@ -1,14 +1,15 @@
 // W4A8 expert GEMMs for large token counts on sm_90a (SPEC.md §2.2, §2.4, §3.7): MXFP4 weights
-// become e4m3 in shared memory (exact, see moe_fp4.h), activations are e4m3 with one power-of-two
+// become e4m3 in shared memory (exact, see backend/moe_fp4_layout.h), activations are e4m3 with one power-of-two
 // scale per 128 channels (act_quant_fp8.h), and FP8 wgmma multiplies them with f32 accumulation.
 //
 // Persistent blocks (one per SM) take jobs = (expert slot, 128-row tile of its weight matrix, 128-token
 // tile of the slot's tokens). A block is warp-specialised. Per 128-input chunk, warpgroup 2 copies the
 // activation tile (gathered rows), the tokens' activation scales and the raw FP4 weight tile with its
 // table indices (cp.async that arrive on the stage's `loaded` mbarrier when they land); warpgroups 0
-// and 1 turn the weights into e4m3 (a table lookup per nibble) and mark the stage full (named
-// barrier); warpgroups 3 and 4 (64 tokens each) run four m64n128k32 wgmma per chunk into a fresh accumulator,
-// mark the stage empty (mbarrier) and fold the product into the f32 sum with the activation scales.
+// and 1 turn the weights into e4m3 (a table lookup per nibble) and mark the stage full (a named
+// barrier per consumer warpgroup); warpgroups 3 and 4 (64 tokens each) run four m64n128k32 wgmma per
+// chunk into a fresh accumulator, mark the stage empty (mbarrier) and fold the product into the f32
+// sum with the activation scales.
 // Folding per 128 inputs is what the reference does too (its scale changes every 128), and it keeps
 // the tensor core's reduced-precision FP8 accumulation to 128-long runs. Five stages; the ring runs on
 // across jobs, so the next job's copies overlap the current one's last chunks and epilogue.
