@@ -1,6 +1,7 @@
 // W4A8 expert GEMMs for large token counts on sm_90a (SPEC.md §2.2, §2.4, §3.7): MXFP4 weights
-// become e4m3 in shared memory (exact, see backend/moe_fp4_layout.h), activations are e4m3 with one power-of-two
-// scale per 128 channels (act_quant_fp8.h), and FP8 wgmma multiplies them with f32 accumulation.
+// become e4m3 in shared memory (exact, see backend/moe_fp4_layout.h), activations are e4m3 with one
+// power-of-two scale per 128 channels (act_quant_fp8.h), and FP8 wgmma multiplies them with f32
+// accumulation.
 //
 // Persistent blocks (one per SM) take jobs = (expert slot, 128-row tile of its weight matrix, 128-token
 // tile of the slot's tokens). A block is warp-specialised. Per 128-input chunk, warpgroup 2 copies the
