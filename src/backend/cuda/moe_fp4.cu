@@ -236,6 +236,9 @@ void run_w4a8(const MoeFp4Weights& w, const uint16_t* x, int tokens, const float
               MoeWorkspace& ws, cudaStream_t stream) {
   const int D = w.shape().hidden, I = w.shape().inter;
   const int max_slots = std::min(w.shape().experts, tokens * k);
+  // The kernel addresses activation rows with 32-bit offsets (row · K).
+  if (int64_t(tokens) * D >= (int64_t(1) << 32) || int64_t(tokens) * k * I >= (int64_t(1) << 32))
+    fail("moe_fp4_forward: W4A8 with {} tokens × k {} exceeds 2^32 activation bytes; split the batch", tokens, k);
   act_quant_fp8(x, tokens, D, ws.act_fp8.get(), ws.act_scale.get(), stream);
   moe_detail::moe_w4a8_gemm(true, w4a8_args(w, true, topk_weights, k, ws), max_slots, stream);
   act_quant_fp8(ws.hidden_act.get(), tokens * k, I, ws.act_fp8.get(), ws.act_scale.get(), stream);
