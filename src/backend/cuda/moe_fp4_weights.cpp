@@ -66,7 +66,7 @@ MoeWorkspace::MoeWorkspace(const MoeFp4Shape& shape, int max_tokens, int k)
       expert_out(size_t(std::max(max_tokens, 1)) * k * shape.hidden),
       max_tokens_(max_tokens),
       k_(k) {
-  if (shape.format == MoeFp4Format::Mxfp4) {
+  if (moe_fp4_path_available(MoeFp4Path::W4A8, shape)) {  // MXFP4 on an sm_90 GPU: nothing to hold elsewhere
     const size_t elems = std::max(size_t(std::max(max_tokens, 1)) * shape.hidden,
                                   size_t(std::max(max_tokens, 1)) * k * shape.inter);
     act_fp8 = DeviceBuffer<uint8_t>(elems);
