@@ -88,8 +88,8 @@ class MoeWorkspace {
   // Activations between the two GEMMs and per-pair expert outputs, indexed by pair t·k+j.
   DeviceBuffer<uint16_t> hidden_act;   // [max_tokens·k, I] bf16
   DeviceBuffer<uint16_t> expert_out;   // [max_tokens·k, D] bf16
-  // W4A8 (allocated only where that path can run): the GEMM's input quantised to e4m3 with one f32 scale per 128 channels — x
-  // [tokens, D] for gate-up, then hidden_act [pairs, I] for down (SPEC §2.2).
+  // W4A8 (allocated only where that path can run): the GEMM's input quantised to e4m3 with one f32
+  // scale per 128 channels — x [tokens, D] for gate-up, then hidden_act [pairs, I] for down (§2.2).
   DeviceBuffer<uint8_t> act_fp8;
   DeviceBuffer<float> act_scale;
 
