@@ -116,7 +116,8 @@ std::vector<float> dequantize_fp4_matrix(MoeFp4Format format, const uint8_t* pac
 
 void moe_fp4_reference(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertTensors>& experts,
                        const uint16_t* x, int tokens, const int32_t* topk_ids, const float* topk_weights, int k,
-                       const uint16_t* shared_or_null, uint16_t* out, MoeActivationNumerics numerics) {
+                       const uint16_t* shared_or_null, uint16_t* out, MoeActivationNumerics numerics,
+                       MoeHiddenTap hidden) {
   const int D = shape.hidden, I = shape.inter, E = shape.experts;
   if (int(experts.size()) != E) fail("moe_fp4_reference: {} expert tensors for {} experts", experts.size(), E);
   if (D % 128 || I % 128) fail("moe_fp4_reference: hidden {} and inter {} must be multiples of 128", D, I);
@@ -146,15 +147,22 @@ void moe_fp4_reference(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertT
         int e = topk_ids[t * k + j];
         if (e < 0 || e >= E) continue;
         const ExpertMatrices& m = used.at(e);
-        fp4_linear(m.w1, xf, numerics, g);
-        fp4_linear(m.w3, xf, numerics, u);
-        const float w = topk_weights[t * k + j];
-        for (int i = 0; i < I; ++i) {
-          float gi = std::min(round_bf16(g[i]), limit);
-          float ui = std::clamp(round_bf16(u[i]), -limit, limit);
-          float silu = gi / (1.f + std::exp(-gi));
-          h[i] = round_bf16(silu * ui * w);
+        const size_t row = (size_t(t) * k + j) * I;
+        if (hidden.in) {
+          for (int i = 0; i < I; ++i) h[i] = bf16_to_f32(hidden.in[row + i]);
+        } else {
+          fp4_linear(m.w1, xf, numerics, g);
+          fp4_linear(m.w3, xf, numerics, u);
+          const float w = topk_weights[t * k + j];
+          for (int i = 0; i < I; ++i) {
+            float gi = std::min(round_bf16(g[i]), limit);
+            float ui = std::clamp(round_bf16(u[i]), -limit, limit);
+            float silu = gi / (1.f + std::exp(-gi));
+            h[i] = round_bf16(silu * ui * w);
+          }
         }
+        if (hidden.out)
+          for (int i = 0; i < I; ++i) hidden.out[row + i] = f32_to_bf16(h[i]);
         fp4_linear(m.w2, h, numerics, y);
         for (int c = 0; c < D; ++c) sum[c] += round_bf16(y[c]);
       }

@@ -50,12 +50,22 @@ namespace cpu {
 std::vector<float> dequantize_fp4_matrix(MoeFp4Format format, const uint8_t* packed, const uint8_t* scales,
                                          float scale_2, int rows, int cols);
 
+// The input of w2 for each pair p = t·k + j (bf16 bits [tokens·k, inter]: the clamped SwiGLU of the
+// gate-up outputs times the routing weight), to check an implementation one GEMM at a time: `out`
+// receives it (rows of pairs without an expert are left alone); with `in` the reference reads it from
+// there instead of computing it, and runs only w2 and the sum.
+struct MoeHiddenTap {
+  uint16_t* out = nullptr;
+  const uint16_t* in = nullptr;
+};
+
 // out[t] = bf( Σ_j f32(y_{ids[t][j]}(x[t]) · …) + f32(shared[t]) ), see SPEC.md §3.7 for y_e.
 // x, shared_or_null, out: bf16 bits [tokens, hidden]; topk_ids/topk_weights: [tokens, k].
 // Pairs whose expert id is outside [0, experts) contribute nothing.
 void moe_fp4_reference(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertTensors>& experts,
                        const uint16_t* x, int tokens, const int32_t* topk_ids, const float* topk_weights, int k,
-                       const uint16_t* shared_or_null, uint16_t* out, MoeActivationNumerics numerics);
+                       const uint16_t* shared_or_null, uint16_t* out, MoeActivationNumerics numerics,
+                       MoeHiddenTap hidden = {});
 
 }  // namespace cpu
 }  // namespace dsv4

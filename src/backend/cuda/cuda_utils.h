@@ -21,6 +21,14 @@
 
 namespace dsv4::cuda {
 
+// An attribute of the current device (SM count, shared memory opt-in, compute capability, …).
+inline int device_attribute(cudaDeviceAttr attr) {
+  int device = 0, v = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&device));
+  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, device));
+  return v;
+}
+
 // Owns one device allocation.
 template <typename T>
 class DeviceBuffer {

@@ -359,12 +359,7 @@ __global__ void __launch_bounds__(kTopkThreads, 1) indexer_topk_kernel(const uin
 }
 
 int tiles_per_cta_for(const IndexerArgs& a) {
-  static int sms = [] {
-    int device = 0, count = 0;
-    DSV4_CUDA_CHECK(cudaGetDevice(&device));
-    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return count;
-  }();
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   // Aim at about 2 CTAs per SM over the whole batch; a CTA handles tiles_per_cta tiles of 16 keys.
   const int64_t tiles = int64_t(a.num_queries) * ((a.max_keys + kTileKeys - 1) / kTileKeys);
   const int64_t per = (tiles + 2 * sms - 1) / (2 * sms);

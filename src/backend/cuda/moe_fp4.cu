@@ -6,8 +6,9 @@
 // The kernel here: a block works on one expert slot (blockIdx.y) and one or two 16-row weight tiles;
 // its 8 warps split K and reduce through shared memory. Every weight byte is read once per pass over the
 // expert's tokens (8 per pass in the register decode variant, 32 in the batched one), as 16-byte loads
-// that each fill one lane's A fragments for four MMA K steps. The shared-memory streaming decode kernel
-// (measured slower, kept as a forced path and the base for a bulk-copy version) is moe_fp4_stream.cu.
+// that each fill one lane's A fragments for four MMA K steps. The streaming decode kernel (weights through a
+// shared-memory ring filled by the bulk copy engine; measured slower on the H200, a forced path) is
+// moe_fp4_stream.cu.
 // The gate-up kernel's epilogue applies the clamped SwiGLU and the routing weight; the down kernel
 // writes each pair's bf16 expert output, which moe_combine() sums per token.
 #include <cuda_bf16.h>
@@ -252,10 +253,8 @@ void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int to
   const int max_slots = std::min(w.shape().experts, tokens * k);
   const GemmArgs gu = gate_up_args(w, x, topk_weights, k, ws), dn = down_args(w, topk_weights, ws);
   if (path == MoeFp4Path::W4A16Stream) {
-    if (!moe_detail::moe_fp4_stream_fits(w.shape(), tokens))
-      fail("moe_fp4_forward: the streaming decode kernel's shared memory does not fit (D {}, I {})", D, I);
-    moe_detail::moe_fp4_stream_gemm(F, true, gu, 2 * I, tokens, stream);
-    moe_detail::moe_fp4_stream_gemm(F, false, dn, D, tokens, stream);
+    moe_detail::moe_fp4_stream_gemm(F, true, gu, 2 * I, stream);
+    moe_detail::moe_fp4_stream_gemm(F, false, dn, D, stream);
     return;
   }
   // Launched as programmatic dependents (launch latency hidden behind the kernel before).
@@ -294,6 +293,7 @@ MoeFp4Path moe_fp4_select_path(const MoeFp4Shape& shape, int tokens, int k) {
 
 bool moe_fp4_path_available(MoeFp4Path path, const MoeFp4Shape& shape) {
   if (path == MoeFp4Path::W4A8) return shape.format == MoeFp4Format::Mxfp4 && moe_detail::moe_w4a8_supported();
+  if (path == MoeFp4Path::W4A16Stream) return moe_detail::moe_fp4_stream_fits(shape);
   return true;
 }
 
@@ -315,7 +315,9 @@ void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_
   if (tokens > ws.max_tokens() || k != ws.k())
     fail("moe_fp4_forward: {} tokens × k {} exceed the workspace ({} tokens × k {})", tokens, k, ws.max_tokens(), ws.k());
   if (!moe_fp4_path_available(path, s))
-    fail("moe_fp4_forward: the {} path needs MXFP4 experts and an sm_90 GPU with sm_90a code", moe_fp4_path_name(path));
+    fail("moe_fp4_forward: the {} path cannot run here (W4A8: MXFP4 experts on an sm_90 GPU with sm_90a code; "
+         "stream: an sm_90+ GPU with shared memory for two ring stages)",
+         moe_fp4_path_name(path));
   moe_route_pairs(topk_ids, tokens, k, s.experts, path == MoeFp4Path::W4A16Stream, ws, stream);
   if (path == MoeFp4Path::W4A8) {
     if (ws.act_fp8.size() == 0 || !w.has_w4a8()) fail("moe_fp4_forward: W4A8 needs an MXFP4 layer and workspace");

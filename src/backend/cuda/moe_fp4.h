@@ -100,14 +100,15 @@ class MoeWorkspace {
 // Which kernel path runs the expert GEMMs. The choice is made in one place, moe_fp4_select_path().
 enum class MoeFp4Path : uint8_t {
   W4A16Stream,   // bf16 mma.sync, weights on the M side, ≤ 8 tokens per pass, weights streamed through a
-                 // shared-memory ring by cp.async, persistent grid (moe_fp4_stream.cu); forced only:
-                 // slower than W4A16Decode on the H200 (docs/perf/moe_fp4.md)
+                 // shared-memory ring by the bulk copy engine, persistent warp-specialised grid
+                 // (moe_fp4_stream.cu, sm_90+)
   W4A16Decode,   // bf16 mma.sync, weights on the M side, ≤ 8 tokens per pass, loads in registers
   W4A16Batched,  // bf16 mma.sync, 32 tokens per pass (each dequantised weight used 4×)
   W4A8,          // sm_90a, MXFP4: e4m3 weights and activations, FP8 wgmma on 128-token tiles; the
                  // reference's own expert numerics (SPEC §2.4), moe_fp4_w4a8.cu
 };
-// Whether `path` can run here for `shape` (W4A8 needs MXFP4 and an sm_90 GPU with sm_90a code).
+// Whether `path` can run here for `shape` (W4A8 needs MXFP4 and an sm_90 GPU with sm_90a code; the
+// streaming kernel an sm_90+ GPU).
 bool moe_fp4_path_available(MoeFp4Path path, const MoeFp4Shape& shape);
 MoeFp4Path moe_fp4_select_path(const MoeFp4Shape& shape, int tokens, int k);
 const char* moe_fp4_path_name(MoeFp4Path path);

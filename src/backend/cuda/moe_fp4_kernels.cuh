@@ -93,12 +93,12 @@ __device__ __forceinline__ void store_fragment(const GemmArgs& p, int tile, int 
   }
 }
 
-// The shared-memory streaming decode GEMM (moe_fp4_stream.cu). rows: weight rows (2I or D). Its
-// shared memory grows with K and the rows per pass; moe_fp4_stream_fits() says whether both GEMMs of
-// a shape fit the current device (sm_120 has ~100 KB per block, sm_90 ~227 KB).
-bool moe_fp4_stream_fits(const MoeFp4Shape& shape, int tokens);
-void moe_fp4_stream_gemm(MoeFp4Format format, bool gate_up, const GemmArgs& args, int rows, int tokens,
-                         cudaStream_t stream);
+// The streaming decode GEMM (moe_fp4_stream.cu, sm_90 and later). rows: weight rows (2I or D). Its
+// shared-memory ring takes what the device offers; moe_fp4_stream_fits() says whether this device
+// runs it and both GEMMs of `shape` get at least two stages (sm_120 has ~100 KB per block, sm_90
+// ~227 KB).
+bool moe_fp4_stream_fits(const MoeFp4Shape& shape);
+void moe_fp4_stream_gemm(MoeFp4Format format, bool gate_up, const GemmArgs& args, int rows, cudaStream_t stream);
 
 // The sm_90a W4A8 GEMMs (moe_fp4_w4a8.cu), MXFP4 only.
 struct W4a8Args {

@@ -1,20 +1,23 @@
 // Streaming decode GEMM of the FP4 MoE (W4A16, SPEC.md §3.7): the expert GEMMs at a few tokens per
-// expert, where the time should be the bytes of the packed weights. The register decode kernel keeps
-// its loads in registers (4 KB per warp) and the window empties at every K-reduction barrier; here the
-// packed weights and scales flow through a 128 KB shared-memory ring filled with 16-byte cp.async.cg
-// copies, so ~96 KB per SM stay in flight whatever the compute, the reductions and the epilogues do.
-// (cp.async.cg runs on sm_80 and later, so the kernel is the same on sm_90a and sm_120a; the L2
-// cache-hinted form is avoided, it faulted on sm_90a with nvcc 13.0.)
-// Measured on the H200 it is slower than the register kernel (docs/perf/moe_fp4.md: its consumer loop,
-// not memory, is the limit), so the dispatcher does not pick it; it runs when forced and is tested.
+// expert, where the time should be the bytes of the packed weights. Needs sm_90 or later (the bulk
+// copy engine and mbarrier transaction counts): sm_90a and sm_120a. Measured slower than the register
+// decode kernel on the H200 (docs/perf/moe_fp4.md: both are bound by the unpacking's instruction
+// issue, not by memory), so the dispatcher does not pick it; it runs when forced and is tested.
 //
 // Work is a flat list of items (pass, 16-row weight tile); a pass is ≤ 8 rows (tokens) of one expert,
 // listed by moe_route_pairs(). One block per SM takes a contiguous range of items, so that even one
-// token (6 experts × 256 tiles) spreads evenly over every SM without splitting K across blocks. A
-// stage is a whole tile where K allows (16 warps × UPS units); each warp accumulates its K slice in
-// registers, and at the tile's end the 16 slices are reduced through shared memory by one warp
-// (round-robin) while the others already compute the next tile. The pass's activation rows and
-// epilogue metadata are staged in shared memory when the pass changes.
+// token (6 experts × 256 tiles) spreads evenly over every SM without splitting K across blocks.
+//
+// The block is warp-specialised. One producer thread streams the range's packed weights and scales
+// through a ring of shared-memory stages with the bulk copy engine: a stage is kConsumerWarps · UPS
+// units of one tile (the whole tile where K allows), contiguous in the unit layout, so one copy for
+// the weights and one for the scales, completing on the stage's `full` mbarrier. Sixteen consumer
+// warps split each stage's units (warp w takes units w, w + 16, …: the same K slice of every tile, so
+// a pass's activations stay in registers), wait on `full`, multiply, and release the stage on its
+// `empty` mbarrier — no block-wide barrier anywhere, so the copies run ahead by the whole ring while
+// the consumers drift. At a tile's end each warp parks its K slice's partial sums in one of two
+// reduction buffers and arrives on its `ready` mbarrier; warp (item % 16) waits for the 16 slices,
+// frees the buffer and runs the epilogue, while the other warps go on with the next tile.
 #include <cuda_bf16.h>
 
 #include <algorithm>
@@ -25,264 +28,244 @@
 namespace dsv4::cuda::moe_detail {
 namespace {
 
-constexpr int kWarps = 16;
-constexpr int kThreads = kWarps * 32;
-constexpr int kRingBytes = 128 * 1024;  // packed weights in the ring; all stages but one are in flight
-constexpr int kPartialFloats = kWarps * 4 * 32;
-// The down GEMM is launched as a programmatic dependent of the gate-up GEMM: its blocks start as the
-// gate-up blocks leave their SMs and fill their weight rings (which do not depend on the gate-up
-// output) before waiting for the gate-up grid to finish.
-constexpr bool kProgrammaticDown = true;
+constexpr int kConsumerWarps = 16;
+constexpr int kThreads = (kConsumerWarps + 1) * 32;  // + the producer warp
+constexpr int kMaxStages = 16;
+constexpr int kPartialBytes = kConsumerWarps * 32 * 16;  // one float4 per consumer lane
 
-// UPS: units per warp per stage. A stage is kWarps · UPS units of one tile (ideally the whole tile:
-// one block barrier and one reduction per tile), and the ring holds kRingBytes of them.
-template <int UPS>
-struct Stage {
-  static constexpr int kUnits = kWarps * UPS;
-  static constexpr int kBytes = kUnits * kMoeUnitBytes;
-  static constexpr int kCount = kRingBytes / kBytes;
-};
-
-// Per pass (double-buffered by pass parity: the reduction of the previous pass's last tile may run
-// while the next pass is being staged): pair ids, routing weights, the two matrix factors.
-struct PassMeta {
-  int pair[2][kMoeMaxPassRows];
-  float weight[2][kMoeMaxPassRows];
-  float factor[2][2];
-};
-
+// Shared memory: ring weights | ring scales | 2 reduction buffers | mbarriers (full, empty per stage;
+// ready, freed per reduction buffer).
 struct SmemLayout {
-  size_t scales, partial, meta, xs, total;
+  int stages;
+  size_t scales, partial, bars, total;
 };
-__host__ __device__ inline SmemLayout smem_layout(int stage_units, int stages, int scale_bytes, int xs_rows, int K) {
+inline SmemLayout smem_layout(int stage_units, int scale_bytes, int stages) {
   SmemLayout l{};
+  l.stages = stages;
   l.scales = size_t(stages) * stage_units * kMoeUnitBytes;
-  l.partial = l.scales + size_t(stages) * stage_units * scale_bytes;
-  l.meta = l.partial + 2 * kPartialFloats * sizeof(float);
-  l.xs = l.meta + (sizeof(PassMeta) + 15) / 16 * 16;
-  l.total = l.xs + size_t(xs_rows) * (K + 8) * sizeof(__nv_bfloat16);
+  l.partial = (l.scales + size_t(stages) * stage_units * scale_bytes + 15) / 16 * 16;
+  l.bars = l.partial + 2 * kPartialBytes;
+  l.total = l.bars + (2 * stages + 4) * sizeof(uint64_t);
   return l;
 }
 
-template <int N>
-__device__ __forceinline__ void cp_async_wait() {
-  asm volatile("cp.async.wait_group %0;\n" ::"n"(N) : "memory");
-}
-
 template <MoeFp4Format F, bool kGateUp, int UPS>
-__global__ void __launch_bounds__(kThreads, 1) moe_fp4_stream_kernel(GemmArgs p, int tiles, int xs_rows) {
-  using S = Stage<UPS>;
+__global__ void __launch_bounds__(kThreads, 1)
+    moe_fp4_stream_kernel(GemmArgs p, int tiles, int stages, uint32_t off_scales, uint32_t off_partial,
+                          uint32_t off_bars) {
+#if __CUDA_ARCH__ >= 900
+  constexpr int kUnits = kConsumerWarps * UPS;
   constexpr int kScaleBytes = moe_unit_scale_bytes(F);
-  constexpr int kScaleCopies = S::kUnits * kScaleBytes / 16;
-  static_assert(kScaleCopies <= kThreads, "one scale copy per thread");
-  extern __shared__ __align__(16) uint8_t smem[];
-  const SmemLayout layout = smem_layout(S::kUnits, S::kCount, kScaleBytes, xs_rows, p.K);
-  const uint8_t* ring_w = smem;
-  const uint8_t* ring_s = smem + layout.scales;
-  float* partial = reinterpret_cast<float*>(smem + layout.partial);  // [2 tiles][warp][4][32]
-  PassMeta& meta = *reinterpret_cast<PassMeta*>(smem + layout.meta);
-  __nv_bfloat16* xs = reinterpret_cast<__nv_bfloat16*>(smem + layout.xs);
-  const int xstride = p.K + 8;  // bf16 elements; +16 bytes puts the 8 rows in distinct bank quads
-
-  const int units = p.K / kMoeUnitCols;
-  const int spt = (units + S::kUnits - 1) / S::kUnits;  // stages per tile
-  const int total = *p.pass_total * tiles;
-  const int first = int(int64_t(blockIdx.x) * total / gridDim.x);
-  const int last = int(int64_t(blockIdx.x + 1) * total / gridDim.x);
-  if (first >= last) return;
-  const int nstages = (last - first) * spt;
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, g = lane / 4, q = lane % 4;
-
-  // Loader: copy j of thread (warp, lane) is lane's 16 bytes of the stage's unit warp + kWarps·j (the
-  // unit this warp computes on); the first kScaleCopies threads copy the stage's scales. Every stage
-  // commits one group, possibly empty.
-  const uint32_t ring_w_addr = uint32_t(__cvta_generic_to_shared(ring_w)) + tid * 16;
-  const uint32_t ring_s_addr = uint32_t(__cvta_generic_to_shared(ring_s)) + tid * 16;
-  int load_pass = -1;
-  const uint8_t* load_w = nullptr;
-  const uint8_t* load_s = nullptr;
-  auto issue = [&](int st) {
-    if (st < nstages) {
-      const int item = first + st / spt, ks = st % spt;
-      const int pass = item / tiles, tile = item % tiles;
-      if (pass != load_pass) {
-        const int expert = __ldg(p.pass_expert + pass);
-        load_pass = pass;
-        load_w = p.weights + expert * p.expert_weight_bytes;
-        load_s = p.scales + expert * p.expert_scale_bytes;
-      }
-      const int slot = st % S::kCount;
-      const size_t unit0 = size_t(tile) * units + ks * S::kUnits;
-#pragma unroll
-      for (int j = 0; j < UPS; ++j)
-        if (ks * S::kUnits + warp + kWarps * j < units)
-          cp_async16(ring_w_addr + slot * S::kBytes + j * kThreads * 16,
-                     load_w + (unit0 + warp + kWarps * j) * kMoeUnitBytes + lane * 16);
-      if (tid < kScaleCopies && ks * S::kUnits + tid * 16 / kScaleBytes < units)
-        cp_async16(ring_s_addr + slot * S::kUnits * kScaleBytes, load_s + unit0 * kScaleBytes + tid * 16);
+  extern __shared__ __align__(128) uint8_t smem[];
+  const uint32_t base = smem_u32(smem);
+  const uint32_t full = base + off_bars, empty = full + 8 * stages, ready = empty + 8 * stages, freed = ready + 16;
+  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < stages; ++s) {
+      mbar_init(full + 8 * s, 1);
+      mbar_init(empty + 8 * s, kConsumerWarps);
     }
-    cp_async_commit();
-  };
-
-  // Reduction of local item li's kWarps K slices and its epilogue, by one warp.
-  auto epilogue = [&](int li) {
-    const int item = first + li, pass = item / tiles, tile = item % tiles, m = pass & 1;
-    const float* part = partial + (li & 1) * kPartialFloats;
-    float v[4];
-#pragma unroll
-    for (int c = 0; c < 4; ++c) {
-      float s = 0.f;
-#pragma unroll
-      for (int w = 0; w < kWarps; ++w) s += part[(w * 4 + c) * 32 + lane];
-      v[c] = s;
+    for (int b = 0; b < 2; ++b) {
+      mbar_init(ready + 8 * b, kConsumerWarps);
+      mbar_init(freed + 8 * b, 1);
     }
-    const int prows = __ldg(p.pass_rows + pass);
-#pragma unroll
-    for (int c = 0; c < 2; ++c) {
-      const int r = 2 * q + c;
-      if (r >= prows) continue;
-      store_fragment<kGateUp>(p, tile, g, meta.pair[m][r], meta.weight[m][r], meta.factor[m][0], meta.factor[m][1],
-                              v[c], v[2 + c]);
-    }
-  };
-
-  for (int st = 0; st < S::kCount - 1; ++st) issue(st);
-  // The routing lists were complete before the gate-up grid started; only the activations (the
-  // gate-up output, for the down GEMM) need the previous grid to have finished.
-  if (kGateUp) pdl_launch_dependents();
-  else pdl_wait();
-  const int scale_offset = F == MoeFp4Format::Nvfp4 ? 2 * lane : 4 * g + 2 * (q >> 1);
-  int xs_pass = -1, rows = 0;
-  float acc[2][4] = {};
-  for (int st = 0; st < nstages; ++st) {
-    cp_async_wait<S::kCount - 2>();
-    // Stage st has landed (every thread's copies), and every warp is done with stage st - 1, whose
-    // slot the next copies overwrite, and has written its slice of any tile that ended there.
-    __syncthreads();
-    issue(st + S::kCount - 1);
-    const int li = st / spt, ks = st % spt;
-    if (ks == 0 && li > 0 && warp == (li - 1) % kWarps) epilogue(li - 1);
-    const int pass = (first + li) / tiles;
-    if (pass != xs_pass) {
-      xs_pass = pass;
-      rows = __ldg(p.pass_rows + pass);
-      const int begin = __ldg(p.pass_begin + pass), vec_per_row = p.K / 8;
-      for (int v = tid; v < rows * vec_per_row; v += kThreads) {
-        const int r = v / vec_per_row, c = v % vec_per_row;
-        const int pair = __ldg(p.sorted_pairs + begin + r);
-        const uint4* src = reinterpret_cast<const uint4*>(p.act + size_t(pair / p.act_row_divisor) * p.K) + c;
-        *reinterpret_cast<uint4*>(xs + r * xstride + c * 8) = __ldg(src);
-      }
-      if (tid < rows) {
-        const int pair = __ldg(p.sorted_pairs + begin + tid);
-        meta.pair[pass & 1][tid] = pair;
-        meta.weight[pass & 1][tid] = kGateUp ? __ldg(p.topk_weights + pair) : 0.f;
-      }
-      if (tid == kThreads - 1) {
-        const float* fac = p.factors + __ldg(p.pass_expert + pass) * kFactorsPerExpert;
-        meta.factor[pass & 1][0] = kGateUp ? __ldg(fac + kGateFactor) : __ldg(fac + kDownFactor);
-        meta.factor[pass & 1][1] = kGateUp ? __ldg(fac + kUpFactor) : __ldg(fac + kDownFactor);
-      }
-      __syncthreads();
-    }
-    const int slot = st % S::kCount;
-#pragma unroll
-    for (int j = 0; j < UPS; ++j) {
-      const int su = warp + kWarps * j, u = ks * S::kUnits + su;
-      if (u < units) {
-        const uint4 wq = *reinterpret_cast<const uint4*>(ring_w + slot * S::kBytes + su * kMoeUnitBytes + lane * 16);
-        const uint32_t sc = *reinterpret_cast<const unsigned short*>(ring_s + (slot * S::kUnits + su) * kScaleBytes +
-                                                                     scale_offset);
-        uint4 xb0 = make_uint4(0, 0, 0, 0), xb1 = xb0;
-        if (g < rows) {
-          const uint4* src = reinterpret_cast<const uint4*>(xs + g * xstride + u * kMoeUnitCols + 16 * q);
-          xb0 = src[0];
-          xb1 = src[1];
-        }
-        // Two accumulators halve the dependent MMA chain per stage.
-        mma_unit<F>(acc[j & 1], wq, sc, xb0, xb1);
-      }
-    }
-    if (ks == spt - 1) {
-      float* part = partial + ((li & 1) * kWarps + warp) * 128;
-#pragma unroll
-      for (int c = 0; c < 4; ++c) part[c * 32 + lane] = acc[0][c] + acc[1][c], acc[0][c] = acc[1][c] = 0.f;
-    }
+    fence_mbar_init();
   }
   __syncthreads();
-  const int items = last - first;
-  if (warp == (items - 1) % kWarps) epilogue(items - 1);
+
+  // The gate-up GEMM reads the routing lists right away, so it waits for the route kernel first. The
+  // down GEMM reads those lists before its wait — they were complete before the gate-up grid got past
+  // its own wait, and they are read through L2 (ld.global.cg), never from a stale L1 line — so its
+  // producer fills the ring and its consumers hold their first pass's metadata while the gate-up grid
+  // drains; only the activations (the gate-up output) wait for it.
+  if (kGateUp) pdl_wait();
+  pdl_launch_dependents();
+  const int units = p.K / kMoeUnitCols;
+  const int spt = (units + kUnits - 1) / kUnits;  // stages per tile
+  const int total = __ldcg(p.pass_total) * tiles;
+  const int first = int(int64_t(blockIdx.x) * total / gridDim.x);
+  const int last = int(int64_t(blockIdx.x + 1) * total / gridDim.x);
+  const int nstages = (last - first) * spt;
+
+  // Both roles walk the same sequence of stages (pass, tile, K stage) with running counters (no
+  // divisions in the loops).
+  int pass = first / tiles, tile = first % tiles, ks = 0, slot = 0;
+  uint32_t phase = 0;
+  auto advance = [&] {
+    if (++slot == stages) slot = 0, phase ^= 1;
+    if (++ks < spt) return;
+    ks = 0;
+    if (++tile == tiles) tile = 0, ++pass;
+  };
+
+  if (warp == kConsumerWarps) {
+    if (lane != 0) return;
+    int pass_loaded = -1;
+    const uint8_t* wbase = nullptr;
+    const uint8_t* sbase = nullptr;
+    for (int st = 0; st < nstages; ++st, advance()) {
+      if (st >= stages) mbar_wait(empty + 8 * slot, phase ^ 1);
+      if (pass != pass_loaded) {
+        const int expert = __ldcg(p.pass_expert + pass);
+        pass_loaded = pass;
+        wbase = p.weights + expert * p.expert_weight_bytes;
+        sbase = p.scales + expert * p.expert_scale_bytes;
+      }
+      const int u0 = ks * kUnits, n = min(kUnits, units - u0);
+      const size_t unit = size_t(tile) * units + u0;
+      mbar_arrive_expect_tx(full + 8 * slot, n * (kMoeUnitBytes + kScaleBytes));
+      bulk_copy_g2s(base + slot * kUnits * kMoeUnitBytes, wbase + unit * kMoeUnitBytes, n * kMoeUnitBytes,
+                    full + 8 * slot);
+      bulk_copy_g2s(base + off_scales + slot * kUnits * kScaleBytes, sbase + unit * kScaleBytes, n * kScaleBytes,
+                    full + 8 * slot);
+    }
+    return;
+  }
+
+  const int g = lane / 4, q = lane % 4;
+  // This lane's slice of unit j of a stage sits at + j · kConsumerWarps units from these.
+  const uint32_t lane_w = base + warp * kMoeUnitBytes + lane * 16;
+  const uint32_t lane_s = base + off_scales + warp * kScaleBytes + (F == MoeFp4Format::Nvfp4 ? 2 * lane : 4 * g + 2 * (q >> 1));
+  const uint32_t my_part = base + off_partial + (warp * 32 + lane) * 16;
+  // Per pass: rows, the pair of this lane's B column g (its activation row), the matrix factors.
+  int pass_cur = -1, rows = 0, my_pair = -1;
+  float fac0 = 0.f, fac1 = 0.f;
+  auto load_pass = [&] {
+    pass_cur = pass;
+    rows = __ldcg(p.pass_rows + pass);
+    const int begin = __ldcg(p.pass_begin + pass);
+    my_pair = g < rows ? __ldcg(p.sorted_pairs + begin + g) : -1;
+    const float* fac = p.factors + __ldcg(p.pass_expert + pass) * kFactorsPerExpert;
+    fac0 = __ldg(fac + (kGateUp ? kGateFactor : kDownFactor));
+    fac1 = __ldg(fac + (kGateUp ? kUpFactor : kDownFactor));
+  };
+  if (nstages > 0) load_pass();
+  if (!kGateUp) pdl_wait();
+  uint4 xb[UPS][2];
+  float acc[2][4] = {};
+  for (int st = 0, li = 0; st < nstages; ++st, advance()) {
+    if (pass != pass_cur || spt > 1 || st == 0) {
+      if (pass != pass_cur) load_pass();
+      const __nv_bfloat16* row = my_pair >= 0 ? p.act + size_t(my_pair / p.act_row_divisor) * p.K + 16 * q : nullptr;
+#pragma unroll
+      for (int j = 0; j < UPS; ++j) {
+        const int u = ks * kUnits + warp + kConsumerWarps * j;
+        if (row && u < units) {
+          const uint4* src = reinterpret_cast<const uint4*>(row + u * kMoeUnitCols);
+          xb[j][0] = __ldg(src);
+          xb[j][1] = __ldg(src + 1);
+        } else {
+          xb[j][0] = xb[j][1] = make_uint4(0, 0, 0, 0);
+        }
+      }
+    }
+
+    mbar_wait(full + 8 * slot, phase);
+    const uint32_t stage_w = lane_w + slot * (kUnits * kMoeUnitBytes), stage_s = lane_s + slot * (kUnits * kScaleBytes);
+#pragma unroll
+    for (int j = 0; j < UPS; ++j) {
+      if (units % kUnits == 0 || ks * kUnits + warp + kConsumerWarps * j < units) {
+        const uint4 wq = ld_shared_v4(stage_w + j * kConsumerWarps * kMoeUnitBytes);
+        const uint32_t sc = ld_shared_u16(stage_s + j * kConsumerWarps * kScaleBytes);
+        // Two accumulators halve the dependent MMA chain per stage.
+        mma_unit<F>(acc[j & 1], wq, sc, xb[j][0], xb[j][1]);
+      }
+    }
+    // Every lane's ring loads have been consumed by its MMAs above, so the slot may be refilled.
+    __syncwarp();
+    if (lane == 0) mbar_arrive(empty + 8 * slot);
+    if (ks != spt - 1) continue;
+
+    // End of the tile: park this warp's slice, and the round-robin warp reduces and stores.
+    const int b = li & 1, use = li >> 1;
+    const uint32_t part_off = b * kPartialBytes;
+    if (use > 0) mbar_wait(freed + 8 * b, (use - 1) & 1);  // the reduction two tiles back has read it
+    st_shared_v4f(my_part + part_off, make_float4(acc[0][0] + acc[1][0], acc[0][1] + acc[1][1],
+                                                  acc[0][2] + acc[1][2], acc[0][3] + acc[1][3]));
+    // The warp's 32 stores are ordered before lane 0's release-arrive by the warp barrier.
+    __syncwarp();
+    if (lane == 0) mbar_arrive(ready + 8 * b);
+#pragma unroll
+    for (int c = 0; c < 4; ++c) acc[0][c] = acc[1][c] = 0.f;
+    const bool reducer = warp == li % kConsumerWarps;
+    ++li;
+    if (!reducer) continue;
+    mbar_wait(ready + 8 * b, use & 1);
+    float v[4] = {0.f, 0.f, 0.f, 0.f};
+    const uint32_t part = base + off_partial + part_off + lane * 16;
+#pragma unroll
+    for (int w = 0; w < kConsumerWarps; ++w) {
+      const float4 s = ld_shared_v4f(part + w * 32 * 16);
+      v[0] += s.x, v[1] += s.y, v[2] += s.z, v[3] += s.w;
+    }
+    __syncwarp();
+    if (lane == 0) mbar_arrive(freed + 8 * b);
+    // Columns 2q, 2q + 1 are the pairs of B columns (lanes with g =) 2q, 2q + 1.
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      const int pair = __shfl_sync(0xffffffffu, my_pair, (2 * q + c) * 4);
+      if (2 * q + c < rows)
+        store_fragment<kGateUp>(p, tile, g, pair, kGateUp ? __ldg(p.topk_weights + pair) : 0.f, fac0, fac1, v[c],
+                                v[2 + c]);
+    }
+  }
+#endif
 }
 
-int device_attribute(cudaDeviceAttr attr) {
-  int device = 0, v = 0;
-  DSV4_CUDA_CHECK(cudaGetDevice(&device));
-  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&v, attr, device));
-  return v;
-}
-
-// Units per warp per stage: a whole tile per stage where K allows (K = 4096: 4, K = 2048: 2).
+// Units per consumer warp per stage: a whole tile per stage where K allows (K = 4096: 4, K = 2048: 2).
 int units_per_warp(int K) {
   const int units = K / kMoeUnitCols;
-  return units >= 4 * kWarps ? 4 : units >= 2 * kWarps ? 2 : 1;
+  return units >= 4 * kConsumerWarps ? 4 : units >= 2 * kConsumerWarps ? 2 : 1;
 }
 
-template <int UPS>
-size_t smem_bytes(MoeFp4Format f, int xs_rows, int K) {
-  return smem_layout(Stage<UPS>::kUnits, Stage<UPS>::kCount, moe_unit_scale_bytes(f), xs_rows, K).total;
-}
-size_t smem_bytes(MoeFp4Format f, int xs_rows, int K) {
-  switch (units_per_warp(K)) {
-    case 4: return smem_bytes<4>(f, xs_rows, K);
-    case 2: return smem_bytes<2>(f, xs_rows, K);
-    default: return smem_bytes<1>(f, xs_rows, K);
+// The ring takes as many stages as the block's shared memory allows (≤ kMaxStages); 0 if < 2 fit.
+SmemLayout layout_for(MoeFp4Format f, int K) {
+  static const size_t optin = size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+  const int stage_units = kConsumerWarps * units_per_warp(K), scale_bytes = moe_unit_scale_bytes(f);
+  for (int stages = kMaxStages; stages >= 2; --stages) {
+    SmemLayout l = smem_layout(stage_units, scale_bytes, stages);
+    if (l.total <= optin) return l;
   }
+  return SmemLayout{};
 }
 
 template <MoeFp4Format F, bool kGateUp, int UPS>
-void launch(const GemmArgs& a, int rows, int tokens, cudaStream_t stream) {
+void launch(const GemmArgs& a, int rows, cudaStream_t stream) {
   static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   static size_t raised = 0;  // per instantiation: the limit is an attribute of the function
-  const int xs_rows = std::min(kMoeMaxPassRows, tokens);
-  const size_t smem = smem_bytes<UPS>(F, xs_rows, a.K);
+  const SmemLayout l = layout_for(F, a.K);
   auto kernel = moe_fp4_stream_kernel<F, kGateUp, UPS>;
-  if (smem > raised) {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(smem)));
-    raised = smem;
+  if (l.total > raised) {
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)));
+    raised = l.total;
   }
-  if (!kGateUp && kProgrammaticDown) {
-    launch_programmatic(kernel, dim3(sms), dim3(kThreads), smem, stream, a, rows / kMoeUnitRows, xs_rows);
-  } else {
-    kernel<<<sms, kThreads, smem, stream>>>(a, rows / kMoeUnitRows, xs_rows);
-    DSV4_CUDA_CHECK_LAUNCH();
-  }
+  launch_programmatic(kernel, dim3(sms), dim3(kThreads), l.total, stream, a, rows / kMoeUnitRows, l.stages,
+                      uint32_t(l.scales), uint32_t(l.partial), uint32_t(l.bars));
 }
 
 template <MoeFp4Format F, bool kGateUp>
-void launch(const GemmArgs& a, int rows, int tokens, cudaStream_t stream) {
+void launch(const GemmArgs& a, int rows, cudaStream_t stream) {
   switch (units_per_warp(a.K)) {
-    case 4: return launch<F, kGateUp, 4>(a, rows, tokens, stream);
-    case 2: return launch<F, kGateUp, 2>(a, rows, tokens, stream);
-    default: return launch<F, kGateUp, 1>(a, rows, tokens, stream);
+    case 4: return launch<F, kGateUp, 4>(a, rows, stream);
+    case 2: return launch<F, kGateUp, 2>(a, rows, stream);
+    default: return launch<F, kGateUp, 1>(a, rows, stream);
   }
 }
 
 }  // namespace
 
-bool moe_fp4_stream_fits(const MoeFp4Shape& shape, int tokens) {
-  static const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-  const int xs_rows = std::min(kMoeMaxPassRows, std::max(tokens, 1));
-  return smem_bytes(shape.format, xs_rows, shape.hidden) <= size_t(optin) &&
-         smem_bytes(shape.format, xs_rows, shape.inter) <= size_t(optin);
+bool moe_fp4_stream_fits(const MoeFp4Shape& shape) {
+  static const int major = device_attribute(cudaDevAttrComputeCapabilityMajor);
+  return major >= 9 && layout_for(shape.format, shape.hidden).stages >= 2 &&
+         layout_for(shape.format, shape.inter).stages >= 2;
 }
-void moe_fp4_stream_gemm(MoeFp4Format format, bool gate_up, const GemmArgs& a, int rows, int tokens,
-                         cudaStream_t stream) {
+void moe_fp4_stream_gemm(MoeFp4Format format, bool gate_up, const GemmArgs& a, int rows, cudaStream_t stream) {
   if (format == MoeFp4Format::Mxfp4) {
-    if (gate_up) launch<MoeFp4Format::Mxfp4, true>(a, rows, tokens, stream);
-    else launch<MoeFp4Format::Mxfp4, false>(a, rows, tokens, stream);
+    if (gate_up) launch<MoeFp4Format::Mxfp4, true>(a, rows, stream);
+    else launch<MoeFp4Format::Mxfp4, false>(a, rows, stream);
   } else {
-    if (gate_up) launch<MoeFp4Format::Nvfp4, true>(a, rows, tokens, stream);
-    else launch<MoeFp4Format::Nvfp4, false>(a, rows, tokens, stream);
+    if (gate_up) launch<MoeFp4Format::Nvfp4, true>(a, rows, stream);
+    else launch<MoeFp4Format::Nvfp4, false>(a, rows, stream);
   }
 }
 

@@ -78,43 +78,9 @@ constexpr int kFullBarThreads = kConverters + kConsumers / 2;
 __device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, %1;\n" ::"r"(id), "n"(kFullBarThreads) : "memory"); }
 __device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, %1;\n" ::"r"(id), "n"(kFullBarThreads) : "memory"); }
 __device__ __forceinline__ int full_bar(int c, int w) { return 1 + 2 * (c % kStages) + w; }
-// mbarriers: a stage's copies have landed (each loader thread's cp.async arrive on completion), and a
-// stage is empty (each consumer thread arrives). No thread waits on copies of its own, so no barrier
-// or fence of a thread with copies in flight stands in their way.
-__device__ __forceinline__ void mbar_init(uint32_t addr, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;\n" ::"r"(addr), "r"(count) : "memory");
-}
-__device__ __forceinline__ void mbar_arrive(uint32_t addr) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];\n" ::"r"(addr) : "memory");
-}
-__device__ __forceinline__ void cp_async_mbar_arrive(uint32_t addr) {
-  asm volatile("cp.async.mbarrier.arrive.noinc.shared::cta.b64 [%0];\n" ::"r"(addr) : "memory");
-}
-__device__ __forceinline__ void mbar_wait(uint32_t addr, uint32_t parity) {
-  asm volatile(
-      "{\n.reg .pred p;\nwait_%=:\nmbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n@!p bra wait_%=;\n}\n" ::"r"(addr),
-      "r"(parity)
-      : "memory");
-}
-__device__ __forceinline__ float ld_shared_f32(uint32_t addr) {
-  float v;
-  asm volatile("ld.shared.f32 %0, [%1];\n" : "=f"(v) : "r"(addr) : "memory");
-  return v;
-}
-// Loads of the producer's own ring bytes: ordered by volatility with its cp.async waits and stores.
-__device__ __forceinline__ uint32_t ld_shared_u32(uint32_t addr) {
-  uint32_t v;
-  asm volatile("ld.shared.b32 %0, [%1];\n" : "=r"(v) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ uint4 ld_shared_v4(uint32_t addr) {
-  uint4 v;
-  asm volatile("ld.shared.v4.b32 {%0, %1, %2, %3}, [%4];\n" : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr));
-  return v;
-}
-__device__ __forceinline__ void st_shared_v4(uint32_t addr, uint4 v) {
-  asm volatile("st.shared.v4.b32 [%0], {%1, %2, %3, %4};\n" ::"r"(addr), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w) : "memory");
-}
+// mbarriers (ptx_primitives.cuh): a stage's copies have landed (each loader thread's cp.async arrives
+// on completion), and a stage is empty (each consumer thread arrives). No thread waits on copies of
+// its own, so no barrier or fence of a thread with copies in flight stands in their way.
 // (a & c) | (b & ~c) and a | (b & c), as one LOP3 each.
 __device__ __forceinline__ uint32_t select_bits(uint32_t a, uint32_t b, uint32_t c) {
   uint32_t d;
@@ -394,12 +360,7 @@ void moe_w4a8_gemm(bool gate_up, const W4a8Args& args, int max_slots, cudaStream
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     configured[gate_up] = true;
   }
-  static const int sms = [] {
-    int device = 0, count = 0;
-    DSV4_CUDA_CHECK(cudaGetDevice(&device));
-    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&count, cudaDevAttrMultiProcessorCount, device));
-    return count;
-  }();
+  static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   W4a8Args a = args;
   a.max_slots = max_slots;
   const int items = max_slots * (args.rows / kTileN);

@@ -518,9 +518,7 @@ struct Config {
                         stream, kp);
   }
   static int ctas_per_sm() {
-    int device = 0, optin = 0;
-    DSV4_CUDA_CHECK(cudaGetDevice(&device));
-    DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, device));
+    const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     if (L::bytes > optin) return 0;
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_decode_kernel<kHeads, kBlock, kSplit>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, L::bytes));

@@ -170,9 +170,7 @@ SparseMlaPlan::SparseMlaPlan(const SparseMlaShape& shape) : shape_(shape) {
              heads_per_cta_, block_entries_);
   const int head_groups = shape.n_heads / heads_per_cta_;
   num_jobs_ = shape.max_queries * head_groups;
-  int device = 0, sms = 0;
-  DSV4_CUDA_CHECK(cudaGetDevice(&device));
-  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, device));
+  const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   grid_ctas_ = shape.split_kv ? sms * ctas_per_sm : num_jobs_;
   meta_ = DeviceBuffer<int32_t>(2);
   job_unit_start_ = DeviceBuffer<int32_t>(num_jobs_ + 1);
