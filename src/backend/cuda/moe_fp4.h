@@ -101,7 +101,8 @@ class MoeWorkspace {
 enum class MoeFp4Path : uint8_t {
   W4A16Stream,   // bf16 mma.sync, weights on the M side, ≤ 8 tokens per pass, weights streamed through a
                  // shared-memory ring by the bulk copy engine, persistent warp-specialised grid
-                 // (moe_fp4_stream.cu, sm_90+)
+                 // (moe_fp4_stream.cu, sm_90+); forced only: slower than W4A16Decode on the H200
+                 // (docs/perf/moe_fp4.md)
   W4A16Decode,   // bf16 mma.sync, weights on the M side, ≤ 8 tokens per pass, loads in registers
   W4A16Batched,  // bf16 mma.sync, 32 tokens per pass (each dequantised weight used 4×)
   W4A8,          // sm_90a, MXFP4: e4m3 weights and activations, FP8 wgmma on 128-token tiles; the
