@@ -3,12 +3,12 @@
 // mma.sync.m16n8k16 (f32 accumulation). Weights sit on the MMA's M side ("swap AB"): at decode an
 // expert sees a handful of tokens, which fill the N = 8 side, while its weight rows fill M.
 //
-// The kernel here: a block works on one expert slot (blockIdx.y) and one or two 16-row weight tiles;
-// its 8 warps split K and reduce through shared memory. Every weight byte is read once per pass over the
-// expert's tokens (8 per pass in the register decode variant, 32 in the batched one), as 16-byte loads
-// that each fill one lane's A fragments for four MMA K steps. The streaming decode kernel (weights through a
-// shared-memory ring filled by the bulk copy engine; measured slower on the H200, a forced path) is
-// moe_fp4_stream.cu.
+// The kernel here: a block works on one expert slot (blockIdx.y) and one or four 16-row weight tiles;
+// its 8 warps split K per tile and reduce through shared memory. Every weight byte is read once per
+// pass over the expert's tokens (8 per pass in the register decode variant, 32 in the batched one),
+// as 16-byte loads that each fill one lane's A fragments for four MMA K steps. The streaming decode
+// kernel (weights through a shared-memory ring filled by the bulk copy engine; measured slower on
+// the H200, a forced path) is moe_fp4_stream.cu.
 // The gate-up kernel's epilogue applies the clamped SwiGLU and the routing weight; the down kernel
 // writes each pair's bf16 expert output, which moe_combine() sums per token.
 #include <cuda_bf16.h>
@@ -259,14 +259,15 @@ void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int to
   }
   // Launched as programmatic dependents (launch latency hidden behind the kernel before).
   if (path == MoeFp4Path::W4A16Decode) {
-    // One block = 8 warps over 16 rows × K of one expert: 8 units (4 KB) per warp in flight for
-    // gate-up (K = D = 4096); down (K = I = 2048) takes two row tiles per block, 4 warps each, so
-    // that its blocks move as many bytes as gate-up's.
-    launch_programmatic(moe_fp4_gemm_kernel<F, 1, 8, 1, true>, dim3(2 * I / kMoeUnitRows, max_slots), dim3(kThreads),
-                        0, stream, gu);
-    static_assert(kMoeUnitRows * 2 <= 128, "D (a multiple of 128) holds an even number of row tiles");
-    launch_programmatic(moe_fp4_gemm_kernel<F, 1, 8, 2, false>, dim3(D / kMoeUnitRows / 2, max_slots), dim3(kThreads),
-                        0, stream, dn);
+    // One block = four 16-row tiles of one expert, two warps per tile splitting K: 32 units (16 KB)
+    // per warp for gate-up (K = D = 4096), 16 units for down (K = I = 2048). Longer runs per warp and
+    // fewer warps per K reduction measured 8–16% faster than one tile per block with 8 warps × 8
+    // units (docs/perf/moe_fp4.md, fifth series).
+    static_assert(kMoeUnitRows * 4 <= 128, "2I and D (multiples of 128) hold a multiple of four row tiles");
+    launch_programmatic(moe_fp4_gemm_kernel<F, 1, 32, 4, true>, dim3(2 * I / kMoeUnitRows / 4, max_slots),
+                        dim3(kThreads), 0, stream, gu);
+    launch_programmatic(moe_fp4_gemm_kernel<F, 1, 16, 4, false>, dim3(D / kMoeUnitRows / 4, max_slots),
+                        dim3(kThreads), 0, stream, dn);
     return;
   }
   launch_programmatic(moe_fp4_gemm_kernel<F, 4, 2, 1, true>, dim3(2 * I / kMoeUnitRows, max_slots), dim3(kThreads), 0,
