@@ -6,11 +6,12 @@
 // one scale per key row, and the per-block scale multiplies that thread's A values only. The 64 Q
 // columns stay in registers (B fragments) for every key tile of the warp.
 // Top-k: one CTA per query; two 8-bit histogram passes find the k-th largest bf16 score (the first
-// accumulated by the scores kernel), a scan collects the keys above it plus the lowest-index ties,
-// a bitonic sort orders them.
+// accumulated by the scores kernel), and one more pass writes the keys above it plus the
+// lowest-index ties in ascending index order.
 #include "backend/cuda/indexer_topk.h"
 
 #include <algorithm>
+#include <type_traits>
 
 #include "backend/cuda/ptx_primitives.cuh"
 #include "backend/kv_cache_layout.h"
@@ -33,12 +34,6 @@ struct ScoreParams {
   int32_t* histogram;  // [queries, 256] counts of the scores' high order-key byte (zeroed before)
   int tiles_per_cta;
 };
-
-// bf16 bits → unsigned key whose order is the score order (−0 counts as +0).
-__device__ __forceinline__ uint32_t order_key(uint32_t u) {
-  if (u == 0x8000u) u = 0;
-  return (u & 0x8000u) ? (~u & 0xffffu) : (u | 0x8000u);
-}
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
@@ -168,9 +163,9 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const Scor
       sum[h] += __shfl_xor_sync(0xffffffffu, sum[h], 2);
       const int j = key0 + gid + 8 * h;
       if (tig == 0 && j < n) {
-        const uint16_t bits = __bfloat16_as_ushort(__float2bfloat16_rn(sum[h]));
-        out[j] = bits;
-        atomicAdd(&hist[order_key(bits) >> 8], 1);
+        const uint32_t key = indexer_order_key(__bfloat16_as_ushort(__float2bfloat16_rn(sum[h])));
+        out[j] = uint16_t(key);
+        atomicAdd(&hist[key >> 8], 1);
       }
     }
   }
@@ -180,6 +175,7 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const Scor
 }
 
 constexpr int kTopkWarps = kTopkThreads / 32;
+constexpr int kTopkBatch = 4;  // steps of 256 scores per warp whose loads are in flight together
 
 // Highest bin b of hist[0..256) with above + Σ_{>b} < k ≤ above + Σ_{≥b}, found by warp 0
 // (8 bins per lane, suffix sums by shuffles). Returns b, *count_above = above + Σ_{>b}.
@@ -209,153 +205,178 @@ __device__ int find_bin_warp(const int* hist, int k, int above, int* count_above
   return __shfl_sync(0xffffffffu, hit ? found : 0, src);
 }
 
+// One lane's 8 order keys at index i (one 16-byte load); unless kFull, those at or past `end` are
+// flagged invalid.
+template <bool kFull>
+__device__ __forceinline__ void unpack_keys(const uint4& v, int i, int end, uint32_t (&key)[8], bool (&valid)[8]) {
+  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int e = 0; e < 8; ++e) {
+    key[e] = (e % 2) ? w[e / 2] >> 16 : w[e / 2] & 0xffffu;
+    valid[e] = kFull || i + e < end;
+  }
+}
+
 // One CTA per query. Warp w owns the contiguous score range [w·per, (w+1)·per) (per a multiple of
-// 8: one 16-byte load = 8 scores per lane), so index order = (warp, step, lane, element).
+// 8: one 16-byte load = 8 scores per lane), lane l of a step the 8 scores from step + 8l, so index
+// order = (warp, step, lane, element). Two radix passes find the threshold (the k-th largest key) and
+// each warp's count of keys above it and equal to it; from their prefix sums over the warps every
+// warp knows where its selections go, and writes them in index order without a sort. The kernel is
+// bound by its instructions per key (one SM does all of a query), hence integer keys, steps without
+// bounds checks and one scan per step.
 __global__ void __launch_bounds__(kTopkThreads, 1) indexer_topk_kernel(const uint16_t* __restrict__ scores, int stride,
                                                                     int32_t* __restrict__ histogram,
                                                                     const int32_t* __restrict__ key_counts, int k,
                                                                     int32_t* __restrict__ topk) {
-  // The per-warp histograms are dead once the threshold is known; the candidates reuse their smem.
-  __shared__ __align__(16) unsigned char hist_or_cand[kTopkWarps * 256 * 4];
-  static_assert(kTopkWarps * 256 * 4 >= kIndexerMaxTopk * 8, "candidate buffer");
-  auto low_hist = reinterpret_cast<int(*)[256]>(hist_or_cand);
-  unsigned long long* cand = reinterpret_cast<unsigned long long*>(hist_or_cand);
+  __shared__ int low_hist[kTopkWarps][256];  // per warp: low byte of the keys whose high byte is the threshold's
   __shared__ int sum_hist[256];
-  __shared__ int tie_offset[kTopkWarps];
+  __shared__ int warp_greater[kTopkWarps], warp_ties[kTopkWarps];
   __shared__ int shared_vals[4];
-  __shared__ int greater_count;
   pdl_wait();  // the scores and their high-byte histogram
   const int query = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int n = key_counts[query];
   const uint16_t* sc = scores + size_t(query) * stride;
-  const int take = min(n, k);
+  int32_t* out = topk + size_t(query) * k;
+  int32_t* hist = histogram + size_t(query) * 256;
+  if (n <= k) {  // everything is taken
+    if (tid < 256) hist[tid] = 0;  // not needed, still consumed
+    for (int i = tid; i < k; i += kTopkThreads) out[i] = i < n ? i : -1;
+    return;
+  }
   const int per = (n + 8 * kTopkWarps - 1) / (8 * kTopkWarps) * 8;
   const int w_begin = min(n, warp * per), w_end = min(n, w_begin + per);
-  auto load8 = [&](int i, uint32_t (&key)[8]) {  // i multiple of 8; keys past n → 0 (never taken)
-    const uint4 v = *reinterpret_cast<const uint4*>(sc + i);
+  // A batch = kTopkBatch steps of 256 scores whose 16-byte loads are issued together; the first
+  // batch stays in registers for the collect pass.
+  auto load_batch = [&](int s0, uint4 (&v)[kTopkBatch]) {
 #pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      const uint32_t word = e < 2 ? v.x : e < 4 ? v.y : e < 6 ? v.z : v.w;
-      key[e] = i + e < w_end ? order_key((word >> (16 * (e % 2))) & 0xffffu) : 0u;
+    for (int b = 0; b < kTopkBatch; ++b) {
+      const int i = s0 + 256 * b + 8 * lane;
+      v[b] = i < w_end ? *reinterpret_cast<const uint4*>(sc + i) : make_uint4(0, 0, 0, 0);
     }
   };
+  uint4 first[kTopkBatch];
+  load_batch(w_begin, first);
 
-  // Threshold key (the k-th largest) and how many keys equal to it are taken, lowest indices first.
-  // n ≤ k: everything is taken (threshold −1).
-  int64_t threshold = -1;
-  int take_equal = 0;
-  if (tid == 0) greater_count = 0;
-  if (n <= k && tid < 256) histogram[size_t(query) * 256 + tid] = 0;  // not needed, still consumed
-  if (n > k) {
-    for (int i = tid; i < kTopkWarps * 256; i += kTopkThreads) (&low_hist[0][0])[i] = 0;
-    if (warp == 0) {
-      int above = 0;
-      const int high = find_bin_warp(histogram + size_t(query) * 256, k, 0, &above);
-      if (lane == 0) { shared_vals[0] = high; shared_vals[1] = above; }
-    }
-    __syncthreads();
-    if (tid < 256) histogram[size_t(query) * 256 + tid] = 0;  // consumed: ready for the next scores call
-    const uint32_t high = shared_vals[0];
-    for (int i = w_begin + 8 * lane; i < w_end; i += 256) {  // no warp collectives: lanes may diverge
-      uint32_t key[8];
-      load8(i, key);
-#pragma unroll
-      for (int e = 0; e < 8; ++e)
-        if (i + e < w_end && (key[e] >> 8) == high) atomicAdd(&low_hist[warp][key[e] & 255], 1);
-    }
-    __syncthreads();
-    for (int b = tid; b < 256; b += kTopkThreads) {
-      int total = 0;
-      for (int w = 0; w < kTopkWarps; ++w) total += low_hist[w][b];
-      sum_hist[b] = total;
-    }
-    __syncthreads();
-    if (warp == 0) {
-      int above = 0;
-      const int low = find_bin_warp(sum_hist, k, shared_vals[1], &above);
-      // Ties before each warp's range: exclusive scan of the warps' counts of the threshold key.
-      int ties = low_hist[lane][low];
-      int incl = ties;
-      for (int o = 1; o < 32; o <<= 1) {
-        const int y = __shfl_up_sync(0xffffffffu, incl, o);
-        if (lane >= o) incl += y;
-      }
-      tie_offset[lane] = incl - ties;
-      if (lane == 0) { shared_vals[2] = low; shared_vals[3] = above; }
-    }
-    __syncthreads();
-    threshold = int64_t((high << 8) | uint32_t(shared_vals[2]));
-    take_equal = k - shared_vals[3];
+  for (int i = tid; i < kTopkWarps * 256; i += kTopkThreads) (&low_hist[0][0])[i] = 0;
+  if (warp == 0) {
+    int above = 0;
+    const int high = find_bin_warp(hist, k, 0, &above);
+    if (lane == 0) { shared_vals[0] = high; shared_vals[1] = above; }
   }
   __syncthreads();
-  const int total_greater = n > k ? k - take_equal : 0;
-  // Collect: keys above the threshold anywhere (sorted below), ties in index order.
-  int tie_base = n > k ? tie_offset[warp] : 0;
-  // Warp-uniform trip count: the tie ranks use full-warp shuffles.
-  for (int step = w_begin; step < w_end; step += 256) {
-    const int i = step + 8 * lane;
-    uint32_t key[8] = {0, 0, 0, 0, 0, 0, 0, 0};
-    if (i < w_end) load8(i, key);
-    int ties = 0;
+  if (tid < 256) hist[tid] = 0;  // consumed: ready for the next scores call
+  const uint32_t high = shared_vals[0], high_end = (high + 1) << 8;
+  int greater_high = 0;  // this lane's keys whose high byte is above the threshold's
+  auto count_step = [&](auto full, int i, const uint4& v) {
+    uint32_t key[8];
+    bool valid[8];
+    unpack_keys<decltype(full)::value>(v, i, w_end, key, valid);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
-      const bool valid = i + e < w_end;
-      if (valid && int64_t(key[e]) > threshold) {
-        const int at = atomicAdd(&greater_count, 1);
-        if (at < k)  // always, with the histogram of these scores; a guard against any other
-          cand[at] = (static_cast<unsigned long long>(key[e]) << 32) | (~uint32_t(i + e));
-      }
-      ties += valid && int64_t(key[e]) == threshold;
+      if (valid[e] && (key[e] >> 8) == high) atomicAdd(&low_hist[warp][key[e] & 255], 1);
+      greater_high += valid[e] && key[e] >= high_end;
     }
-    int incl = ties;
+  };
+  auto count_batch = [&](int s0, const uint4 (&v)[kTopkBatch]) {
+#pragma unroll
+    for (int b = 0; b < kTopkBatch; ++b) {
+      const int step = s0 + 256 * b;
+      if (step + 256 <= w_end) count_step(std::true_type{}, step + 8 * lane, v[b]);
+      else if (step < w_end) count_step(std::false_type{}, step + 8 * lane, v[b]);
+    }
+  };
+  count_batch(w_begin, first);
+  for (int s0 = w_begin + 256 * kTopkBatch; s0 < w_end; s0 += 256 * kTopkBatch) {
+    uint4 v[kTopkBatch];
+    load_batch(s0, v);
+    count_batch(s0, v);
+  }
+  greater_high = __reduce_add_sync(0xffffffffu, greater_high);
+  __syncthreads();
+  for (int b = tid; b < 256; b += kTopkThreads) {
+    int total = 0;
+    for (int w = 0; w < kTopkWarps; ++w) total += low_hist[w][b];
+    sum_hist[b] = total;
+  }
+  __syncthreads();
+  if (warp == 0) {
+    int above = 0;
+    const int low = find_bin_warp(sum_hist, k, shared_vals[1], &above);
+    if (lane == 0) { shared_vals[2] = low; shared_vals[3] = above; }
+  }
+  __syncthreads();
+  const uint32_t low = shared_vals[2], threshold = (high << 8) | low;
+  const int take_equal = k - shared_vals[3];  // ties taken, lowest indices first (≥ 1)
+  {
+    int above = 0;
+    for (int b = int(low) + 1 + lane; b < 256; b += 32) above += low_hist[warp][b];
+    above = __reduce_add_sync(0xffffffffu, above) + greater_high;
+    if (lane == 0) { warp_greater[warp] = above; warp_ties[warp] = low_hist[warp][low]; }
+  }
+  __syncthreads();
+  // Prefix sums over the warps (lane v ↔ warp v) of their keys above the threshold and their ties.
+  int pos, tie_rank;
+  {
+    const int g = warp_greater[lane], t = warp_ties[lane];
+    int incl_g = g, incl_t = t;
     for (int o = 1; o < 32; o <<= 1) {
-      const int y = __shfl_up_sync(0xffffffffu, incl, o);
+      const int yg = __shfl_up_sync(0xffffffffu, incl_g, o), yt = __shfl_up_sync(0xffffffffu, incl_t, o);
+      if (lane >= o) { incl_g += yg; incl_t += yt; }
+    }
+    const int before_g = __shfl_sync(0xffffffffu, incl_g - g, warp);
+    tie_rank = __shfl_sync(0xffffffffu, incl_t - t, warp);  // global rank of this warp's first tie
+    pos = before_g + min(take_equal, tie_rank);              // where this warp's first selection goes
+  }
+  // Collect in index order. Steps are warp-uniform: the prefix sums use full-warp shuffles.
+  auto collect_step = [&](auto full, int i, const uint4& v) {
+    uint32_t key[8];
+    bool valid[8];
+    unpack_keys<decltype(full)::value>(v, i, w_end, key, valid);
+    int greater = 0, ties = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      greater += valid[e] && key[e] > threshold;
+      ties += valid[e] && key[e] == threshold;
+    }
+    // One scan of both counts: each is ≤ 8 per lane and ≤ 256 per step.
+    const uint32_t packed = (uint32_t(greater) << 16) | uint32_t(ties);
+    uint32_t incl = packed;
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
       if (lane >= o) incl += y;
     }
-    int rank = tie_base + incl - ties;
+    const uint32_t excl = incl - packed, total = __shfl_sync(0xffffffffu, incl, 31);
+    const int ties_left = max(take_equal - tie_rank, 0);  // ties this warp may still take from here
+    if (packed != 0) {
+      int rank = int(excl & 0xffffu);  // this lane's first tie, from the step start
+      int at = pos + int(excl >> 16) + min(ties_left, rank);
 #pragma unroll
-    for (int e = 0; e < 8; ++e)
-      if (i + e < w_end && int64_t(key[e]) == threshold) {
-        if (rank < take_equal)
-          cand[total_greater + rank] = (static_cast<unsigned long long>(key[e]) << 32) | (~uint32_t(i + e));
-        ++rank;
-      }
-    tie_base += __shfl_sync(0xffffffffu, incl, 31);
-  }
-  // Bitonic sort, descending (score, then lower index): strides ≥ 32 through smem, the rest in
-  // registers with shuffles. Padding (zeros) sorts last.
-  int padded = 32;
-  while (padded < take) padded <<= 1;
-  __syncthreads();
-  for (int i = take + tid; i < padded; i += kTopkThreads) cand[i] = 0;
-  __syncthreads();
-  for (int size = 2; size <= padded; size <<= 1) {
-    int stride2 = size / 2;
-    for (; stride2 >= 32; stride2 >>= 1) {
-      for (int i = tid; i < padded / 2; i += kTopkThreads) {
-        const int lo = 2 * i - (i & (stride2 - 1)), hi = lo + stride2;
-        const bool descending = (lo & size) == 0;
-        const unsigned long long x = cand[lo], y = cand[hi];
-        if ((x < y) == descending) { cand[lo] = y; cand[hi] = x; }
-      }
-      __syncthreads();
-    }
-    for (int base = 0; base < padded; base += kTopkThreads) {
-      const int e = base + tid;
-      if (base + warp * 32 < padded) {  // whole warps only (padded ≥ 32)
-        unsigned long long v = cand[e];
-        for (int s = stride2; s > 0; s >>= 1) {
-          const unsigned long long other = __shfl_xor_sync(0xffffffffu, v, s);
-          const bool keep_max = ((e & s) == 0) == ((e & size) == 0);
-          v = keep_max ? (v > other ? v : other) : (v < other ? v : other);
+      for (int e = 0; e < 8; ++e) {
+        if (valid[e] && key[e] > threshold) {
+          out[at++] = i + e;
+        } else if (valid[e] && key[e] == threshold) {
+          if (rank < ties_left) out[at++] = i + e;
+          ++rank;
         }
-        cand[e] = v;
       }
     }
-    __syncthreads();
+    pos += int(total >> 16) + min(ties_left, int(total & 0xffffu));
+    tie_rank += int(total & 0xffffu);
+  };
+  auto collect_batch = [&](int s0, const uint4 (&v)[kTopkBatch]) {
+#pragma unroll
+    for (int b = 0; b < kTopkBatch; ++b) {
+      const int step = s0 + 256 * b;
+      if (step + 256 <= w_end) collect_step(std::true_type{}, step + 8 * lane, v[b]);
+      else if (step < w_end) collect_step(std::false_type{}, step + 8 * lane, v[b]);
+    }
+  };
+  collect_batch(w_begin, first);
+  for (int s0 = w_begin + 256 * kTopkBatch; s0 < w_end; s0 += 256 * kTopkBatch) {
+    uint4 v[kTopkBatch];
+    load_batch(s0, v);
+    collect_batch(s0, v);
   }
-  for (int i = tid; i < k; i += kTopkThreads)
-    topk[size_t(query) * k + i] = i < take ? int32_t(~uint32_t(cand[i] & 0xffffffffu)) : -1;
 }
 
 int tiles_per_cta_for(const IndexerArgs& a) {

@@ -1,6 +1,7 @@
 // Lightning indexer (SPEC §3.5) on the FP4 indexer-key cache (backend/kv_cache_layout.h): per query
 // token, bf16 scores over every available compressed key, then the top-k (ties → lower index) in
-// descending-score order. Device pointers in, no host synchronisation, CUDA-graph capturable.
+// ascending key order: the attention only needs the set, in an order that walks the cache forwards,
+// and the selection needs no sort. Device pointers in, no host synchronisation, CUDA-graph capturable.
 // Numerics are those of cpu/indexer_reference.h: per head d = bf16(f32 dot), r = max(d, 0),
 // prod = bf16(r · w_h), score = bf16(Σ_h prod in f32). (The f32 head sum is a tree here and a
 // sequential loop on the CPU; both are exact whenever the 64 products lie within 2^16 of each other.)
@@ -28,10 +29,19 @@ struct IndexerArgs {
   int num_queries = 0;
   int max_keys = 0;                        // upper bound of key_counts (sizes the launch)
   int k = 512;                             // 1 … 2048
-  int32_t* topk = nullptr;                 // [num_queries, k] key numbers, −1 padded
+  int32_t* topk = nullptr;                 // [num_queries, k] key numbers, ascending, −1 padded
 };
 
-// Scratch for up to max_queries × max_keys: bf16 scores (row stride score_stride(), a multiple of
+// Scores are stored as order keys: 16-bit unsigned numbers whose order is the bf16 scores' order
+// (−0 stored as +0), so the top-k compares them as integers.
+__host__ __device__ constexpr uint32_t indexer_order_key(uint32_t bf16_bits) {
+  return bf16_bits == 0x8000u ? 0x8000u : (bf16_bits & 0x8000u) ? (~bf16_bits & 0xffffu) : (bf16_bits | 0x8000u);
+}
+__host__ __device__ constexpr uint16_t indexer_score_bits(uint32_t order_key) {
+  return uint16_t((order_key & 0x8000u) ? (order_key & 0x7fffu) : (~order_key & 0xffffu));
+}
+
+// Scratch for up to max_queries × max_keys: scores as order keys (row stride score_stride(), a multiple of
 // 8) and a 256-bin histogram per query of the scores' high order-key byte (first radix pass). The
 // histogram is zeroed once here; the scores kernel adds to it and the top-k kernel reads it and
 // clears it again, so no memset runs per call: every indexer_scores() must be followed by one
@@ -54,8 +64,8 @@ class IndexerWorkspace {
 // Scores then top-k.
 void indexer_topk(const IndexerWorkspace& ws, const IndexerArgs& args, cudaStream_t stream);
 
-// The two stages separately (benchmarks, tests). Scores land in ws.scores() as bf16 bits,
-// row stride ws.score_stride(); the top-k stage needs (and consumes) the scores stage's histogram.
+// The two stages separately (benchmarks, tests). Scores land in ws.scores() as order keys
+// (indexer_score_bits() gives the bf16 bits back), row stride ws.score_stride(); the top-k stage needs (and consumes) the scores stage's histogram.
 // Both kernels are launched as programmatic dependents (launch latency hidden behind the kernel
 // before them).
 void indexer_scores(const IndexerWorkspace& ws, const IndexerArgs& args, cudaStream_t stream);
