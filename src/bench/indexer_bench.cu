@@ -90,11 +90,13 @@ void bench_shape(const Shape& s, double copy_gbs, Table& table) {
                fmt::format("{:.1f}%", 100.0 * key_bytes / us / 1e3 / copy_gbs), fmt::format("{:.1f}", flops / us / 1e6),
                busy});
   };
-  row("scores + top-k", total_us, fmt::format("{} + {}", ctas, T));
+  // Top-k: two kernels (count, collect), each one CTA per slice of each query's keys.
+  const int topk_ctas = T * ((s.keys + cuda::kIndexerTopkSliceKeys - 1) / cuda::kIndexerTopkSliceKeys);
+  row("scores + top-k", total_us, fmt::format("{} + 2 × {}", ctas, topk_ctas));
   row("scores only", score_us, std::to_string(ctas));
-  // The top-k kernel consumes the histogram the scores kernel leaves (indexer_topk.h), so it cannot
-  // be replayed alone: its share is the difference of the two measured rows.
-  row("top-k (difference of the rows above)", total_us - score_us, std::to_string(T));
+  // The top-k kernels consume the histogram the scores kernel leaves (indexer_topk.h), so they cannot
+  // be replayed alone: their share is the difference of the two measured rows.
+  row("top-k (difference of the rows above)", total_us - score_us, fmt::format("2 × {}", topk_ctas));
 }
 
 }  // namespace

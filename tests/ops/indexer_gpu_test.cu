@@ -170,6 +170,9 @@ TEST(IndexerGpu, OtherK) {
 TEST(IndexerGpu, ManyTiesAtZero) {
   run_case({16384, 5000, 3000, 600}, 512, 0.98f);
   run_case({20000, 9000}, 2048, 0.95f);
+  // Slice boundaries (kIndexerTopkSliceKeys) with ties spread over many slices.
+  run_case({8193, 24577, 8192, 8191}, 512, 0.99f);
+  run_case({100000}, 2048, 0.99f);
 }
 
 TEST(IndexerGpu, Over262144Keys) { run_case({262144}, 512); }

@@ -5,9 +5,10 @@
 // agree, so thread `tig` feeds the dims of FP4 block `tig` (32tig … 32tig+31): one 16-byte load and
 // one scale per key row, and the per-block scale multiplies that thread's A values only. The 64 Q
 // columns stay in registers (B fragments) for every key tile of the warp.
-// Top-k: one CTA per query; two 8-bit histogram passes find the k-th largest bf16 score (the first
-// accumulated by the scores kernel), and one more pass writes the keys above it plus the
-// lowest-index ties in ascending index order.
+// Top-k: two 8-bit radix passes find the k-th largest score (the first histogram accumulated by the
+// scores kernel, the second by a count kernel over slices of each query's keys), and a collect
+// kernel over the same slices writes the keys above it plus the lowest-index ties in ascending index
+// order, each slice and warp at an offset known from the counts before it.
 #include "backend/cuda/indexer_topk.h"
 
 #include <algorithm>
@@ -25,7 +26,7 @@ constexpr int kTileKeys = 16;
 constexpr int kScoreWarps = 4;
 constexpr int kScoreThreads = 32 * kScoreWarps;
 constexpr int kQRowBytes = kDim * 2 + 16;
-constexpr int kTopkThreads = 1024;
+constexpr int kTopkThreads = 512;
 
 struct ScoreParams {
   IndexerArgs a;
@@ -175,7 +176,10 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const Scor
 }
 
 constexpr int kTopkWarps = kTopkThreads / 32;
-constexpr int kTopkBatch = 4;  // steps of 256 scores per warp whose loads are in flight together
+// A warp's part of a slice is ≤ kTopkSteps steps of 256 keys (8 per lane, one 16-byte load each),
+// all loaded at once and kept in registers.
+constexpr int kTopkSteps = kIndexerTopkSliceKeys / kTopkWarps / 256;
+static_assert(kTopkSteps * 256 * kTopkWarps == kIndexerTopkSliceKeys && kTopkSteps >= 1, "whole steps per warp");
 
 // Highest bin b of hist[0..256) with above + Σ_{>b} < k ≤ above + Σ_{≥b}, found by warp 0
 // (8 bins per lane, suffix sums by shuffles). Returns b, *count_above = above + Σ_{>b}.
@@ -217,121 +221,194 @@ __device__ __forceinline__ void unpack_keys(const uint4& v, int i, int end, uint
   }
 }
 
-// One CTA per query. Warp w owns the contiguous score range [w·per, (w+1)·per) (per a multiple of
-// 8: one 16-byte load = 8 scores per lane), lane l of a step the 8 scores from step + 8l, so index
-// order = (warp, step, lane, element). Two radix passes find the threshold (the k-th largest key) and
-// each warp's count of keys above it and equal to it; from their prefix sums over the warps every
-// warp knows where its selections go, and writes them in index order without a sort. The kernel is
-// bound by its instructions per key (one SM does all of a query), hence integer keys, steps without
-// bounds checks and one scan per step.
-__global__ void __launch_bounds__(kTopkThreads, 1) indexer_topk_kernel(const uint16_t* __restrict__ scores, int stride,
-                                                                    int32_t* __restrict__ histogram,
-                                                                    const int32_t* __restrict__ key_counts, int k,
-                                                                    int32_t* __restrict__ topk) {
-  __shared__ int low_hist[kTopkWarps][256];  // per warp: low byte of the keys whose high byte is the threshold's
-  __shared__ int sum_hist[256];
-  __shared__ int warp_greater[kTopkWarps], warp_ties[kTopkWarps];
-  __shared__ int shared_vals[4];
-  pdl_wait();  // the scores and their high-byte histogram
-  const int query = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
-  const int n = key_counts[query];
-  const uint16_t* sc = scores + size_t(query) * stride;
-  int32_t* out = topk + size_t(query) * k;
-  int32_t* hist = histogram + size_t(query) * 256;
-  if (n <= k) {  // everything is taken
-    if (tid < 256) hist[tid] = 0;  // not needed, still consumed
-    for (int i = tid; i < k; i += kTopkThreads) out[i] = i < n ? i : -1;
-    return;
-  }
-  const int per = (n + 8 * kTopkWarps - 1) / (8 * kTopkWarps) * 8;
-  const int w_begin = min(n, warp * per), w_end = min(n, w_begin + per);
-  // A batch = kTopkBatch steps of 256 scores whose 16-byte loads are issued together; the first
-  // batch stays in registers for the collect pass.
-  auto load_batch = [&](int s0, uint4 (&v)[kTopkBatch]) {
-#pragma unroll
-    for (int b = 0; b < kTopkBatch; ++b) {
-      const int i = s0 + 256 * b + 8 * lane;
-      v[b] = i < w_end ? *reinterpret_cast<const uint4*>(sc + i) : make_uint4(0, 0, 0, 0);
-    }
-  };
-  uint4 first[kTopkBatch];
-  load_batch(w_begin, first);
+struct TopkParams {
+  const uint16_t* scores;
+  int stride;
+  int32_t* histogram;      // [queries, 256] high-byte counts from the scores kernel
+  int32_t* slice_hist;     // [queries, max_slices, 256]
+  int32_t* slice_greater;  // [queries, max_slices]
+  int32_t* high_bin;       // [queries]
+  int max_slices;
+  const int32_t* key_counts;
+  int k;
+  int32_t* topk;
+};
 
+// A CTA's view of its slice: warp w owns [begin, end), a multiple-of-8 share of the slice in index
+// order, lane l of step j the 8 keys from begin + 256 j + 8 l. Index order = (slice, warp, step,
+// lane, element).
+struct SliceWarp {
+  int begin, end;
+  uint4 v[kTopkSteps];
+
+  __device__ SliceWarp(const TopkParams& p, int query, int n, int slice, int warp, int lane) {
+    const int s0 = slice * kIndexerTopkSliceKeys, len = min(n - s0, kIndexerTopkSliceKeys);
+    const int per = (len + 8 * kTopkWarps - 1) / (8 * kTopkWarps) * 8;
+    begin = s0 + min(len, warp * per);
+    end = s0 + min(len, warp * per + per);
+    const uint16_t* sc = p.scores + size_t(query) * p.stride;
+#pragma unroll
+    for (int j = 0; j < kTopkSteps; ++j) {
+      const int i = begin + 256 * j + 8 * lane;
+      v[j] = i < end ? *reinterpret_cast<const uint4*>(sc + i) : make_uint4(0, 0, 0, 0);
+    }
+  }
+  // f(full, i, v) for each step (warp-uniform; `full`: no key of the step is past `end`).
+  template <class F>
+  __device__ void for_steps(int lane, F&& f) const {
+#pragma unroll
+    for (int j = 0; j < kTopkSteps; ++j) {
+      const int step = begin + 256 * j;
+      if (step + 256 <= end) f(std::true_type{}, step + 8 * lane, v[j]);
+      else if (step < end) f(std::false_type{}, step + 8 * lane, v[j]);
+    }
+  }
+};
+
+// Top-k, first kernel: grid (slices, queries). The threshold's high byte comes from the scores
+// kernel's histogram; each slice counts the low bytes of its keys in that bin and its keys above it.
+// One query's work spreads over ⌈n / kIndexerTopkSliceKeys⌉ SMs: the passes cost instructions per
+// key, so a single CTA per query would bound long contexts.
+__global__ void __launch_bounds__(kTopkThreads) indexer_topk_count_kernel(const TopkParams p) {
+  __shared__ int low_hist[kTopkWarps][256];
+  __shared__ int warp_greater[kTopkWarps];
+  __shared__ int shared_high;
+  pdl_wait();  // the scores and their high-byte histogram
+  pdl_launch_dependents();
+  const int query = blockIdx.y, slice = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int n = p.key_counts[query];
+  if (n <= p.k || slice * kIndexerTopkSliceKeys >= n) return;
+  const SliceWarp sw(p, query, n, slice, warp, lane);
   for (int i = tid; i < kTopkWarps * 256; i += kTopkThreads) (&low_hist[0][0])[i] = 0;
   if (warp == 0) {
     int above = 0;
-    const int high = find_bin_warp(hist, k, 0, &above);
-    if (lane == 0) { shared_vals[0] = high; shared_vals[1] = above; }
+    const int high = find_bin_warp(p.histogram + size_t(query) * 256, p.k, 0, &above);
+    if (lane == 0) {
+      shared_high = high;
+      if (slice == 0) p.high_bin[query] = high;
+    }
   }
   __syncthreads();
-  if (tid < 256) hist[tid] = 0;  // consumed: ready for the next scores call
-  const uint32_t high = shared_vals[0], high_end = (high + 1) << 8;
-  int greater_high = 0;  // this lane's keys whose high byte is above the threshold's
-  auto count_step = [&](auto full, int i, const uint4& v) {
+  const uint32_t high = shared_high, high_end = (high + 1) << 8;
+  int greater = 0;
+  sw.for_steps(lane, [&](auto full, int i, const uint4& v) {
     uint32_t key[8];
     bool valid[8];
-    unpack_keys<decltype(full)::value>(v, i, w_end, key, valid);
+    unpack_keys<decltype(full)::value>(v, i, sw.end, key, valid);
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       if (valid[e] && (key[e] >> 8) == high) atomicAdd(&low_hist[warp][key[e] & 255], 1);
-      greater_high += valid[e] && key[e] >= high_end;
+      greater += valid[e] && key[e] >= high_end;
     }
-  };
-  auto count_batch = [&](int s0, const uint4 (&v)[kTopkBatch]) {
-#pragma unroll
-    for (int b = 0; b < kTopkBatch; ++b) {
-      const int step = s0 + 256 * b;
-      if (step + 256 <= w_end) count_step(std::true_type{}, step + 8 * lane, v[b]);
-      else if (step < w_end) count_step(std::false_type{}, step + 8 * lane, v[b]);
-    }
-  };
-  count_batch(w_begin, first);
-  for (int s0 = w_begin + 256 * kTopkBatch; s0 < w_end; s0 += 256 * kTopkBatch) {
-    uint4 v[kTopkBatch];
-    load_batch(s0, v);
-    count_batch(s0, v);
-  }
-  greater_high = __reduce_add_sync(0xffffffffu, greater_high);
+  });
+  greater = __reduce_add_sync(0xffffffffu, greater);
+  if (lane == 0) warp_greater[warp] = greater;
   __syncthreads();
+  const size_t at = size_t(query) * p.max_slices + slice;
   for (int b = tid; b < 256; b += kTopkThreads) {
     int total = 0;
+#pragma unroll
     for (int w = 0; w < kTopkWarps; ++w) total += low_hist[w][b];
+    p.slice_hist[at * 256 + b] = total;
+  }
+  if (warp == 0) {
+    const int g = __reduce_add_sync(0xffffffffu, lane < kTopkWarps ? warp_greater[lane] : 0);
+    if (lane == 0) p.slice_greater[at] = g;
+  }
+}
+
+// Top-k, second kernel: grid (slices, queries). Every slice sums the per-slice counts into the
+// threshold (the k-th largest key) and how many ties are taken (lowest indices first), and the
+// counts of the slices before it into where its selections start; its warps count their keys above
+// and at the threshold, and from those prefix sums each warp writes its selections in index order.
+__global__ void __launch_bounds__(kTopkThreads) indexer_topk_collect_kernel(const TopkParams p) {
+  __shared__ int sum_hist[256], before_hist[256];
+  __shared__ int warp_greater[kTopkWarps], warp_ties[kTopkWarps];
+  __shared__ int shared_vals[4];
+  pdl_wait();  // the count kernel's per-slice results
+  const int query = blockIdx.y, slice = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int n = p.key_counts[query], k = p.k;
+  int32_t* out = p.topk + size_t(query) * k;
+  // The count kernel, the histogram's last reader, has completed: clear it for the next scores call.
+  if (slice == 0 && tid < 256) p.histogram[size_t(query) * 256 + tid] = 0;
+  if (n <= k) {  // everything is taken
+    if (slice == 0)
+      for (int i = tid; i < k; i += kTopkThreads) out[i] = i < n ? i : -1;
+    return;
+  }
+  if (slice * kIndexerTopkSliceKeys >= n) return;
+  const int slices = (n + kIndexerTopkSliceKeys - 1) / kIndexerTopkSliceKeys;
+  const SliceWarp sw(p, query, n, slice, warp, lane);
+  const int32_t* sh = p.slice_hist + size_t(query) * p.max_slices * 256;
+  const int32_t* sg = p.slice_greater + size_t(query) * p.max_slices;
+  for (int b = tid; b < 256; b += kTopkThreads) {
+    int total = 0, before = 0;
+#pragma unroll 8
+    for (int s = 0; s < slices; ++s) {  // independent loads: unrolled so that they overlap
+      const int h = sh[s * 256 + b];
+      total += h;
+      before += s < slice ? h : 0;
+    }
     sum_hist[b] = total;
+    before_hist[b] = before;
   }
   __syncthreads();
   if (warp == 0) {
+    int above_high = 0, greater_before = 0;
+    for (int s = lane; s < slices; s += 32) {
+      const int g = sg[s];
+      above_high += g;
+      greater_before += s < slice ? g : 0;
+    }
+    above_high = __reduce_add_sync(0xffffffffu, above_high);
     int above = 0;
-    const int low = find_bin_warp(sum_hist, k, shared_vals[1], &above);
-    if (lane == 0) { shared_vals[2] = low; shared_vals[3] = above; }
+    const int low = find_bin_warp(sum_hist, k, above_high, &above);
+    for (int b = low + 1 + lane; b < 256; b += 32) greater_before += before_hist[b];
+    greater_before = __reduce_add_sync(0xffffffffu, greater_before);
+    if (lane == 0) {
+      shared_vals[0] = low;
+      shared_vals[1] = above;
+      shared_vals[2] = greater_before;
+      shared_vals[3] = before_hist[low];
+    }
   }
   __syncthreads();
-  const uint32_t low = shared_vals[2], threshold = (high << 8) | low;
-  const int take_equal = k - shared_vals[3];  // ties taken, lowest indices first (≥ 1)
+  const uint32_t threshold = (uint32_t(p.high_bin[query]) << 8) | uint32_t(shared_vals[0]);
+  const int take_equal = k - shared_vals[1];  // ties taken, lowest indices first (≥ 1)
   {
-    int above = 0;
-    for (int b = int(low) + 1 + lane; b < 256; b += 32) above += low_hist[warp][b];
-    above = __reduce_add_sync(0xffffffffu, above) + greater_high;
-    if (lane == 0) { warp_greater[warp] = above; warp_ties[warp] = low_hist[warp][low]; }
+    int greater = 0, ties = 0;
+    sw.for_steps(lane, [&](auto full, int i, const uint4& v) {
+      uint32_t key[8];
+      bool valid[8];
+      unpack_keys<decltype(full)::value>(v, i, sw.end, key, valid);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        greater += valid[e] && key[e] > threshold;
+        ties += valid[e] && key[e] == threshold;
+      }
+    });
+    greater = __reduce_add_sync(0xffffffffu, greater);
+    ties = __reduce_add_sync(0xffffffffu, ties);
+    if (lane == 0) { warp_greater[warp] = greater; warp_ties[warp] = ties; }
   }
   __syncthreads();
-  // Prefix sums over the warps (lane v ↔ warp v) of their keys above the threshold and their ties.
+  // Prefix sums over the slices before this one and this slice's warps (lane v ↔ warp v).
   int pos, tie_rank;
   {
-    const int g = warp_greater[lane], t = warp_ties[lane];
+    const int g = lane < kTopkWarps ? warp_greater[lane] : 0, t = lane < kTopkWarps ? warp_ties[lane] : 0;
     int incl_g = g, incl_t = t;
     for (int o = 1; o < 32; o <<= 1) {
       const int yg = __shfl_up_sync(0xffffffffu, incl_g, o), yt = __shfl_up_sync(0xffffffffu, incl_t, o);
       if (lane >= o) { incl_g += yg; incl_t += yt; }
     }
-    const int before_g = __shfl_sync(0xffffffffu, incl_g - g, warp);
-    tie_rank = __shfl_sync(0xffffffffu, incl_t - t, warp);  // global rank of this warp's first tie
-    pos = before_g + min(take_equal, tie_rank);              // where this warp's first selection goes
+    const int before_g = shared_vals[2] + __shfl_sync(0xffffffffu, incl_g - g, warp);
+    tie_rank = shared_vals[3] + __shfl_sync(0xffffffffu, incl_t - t, warp);  // rank of this warp's first tie
+    pos = before_g + min(take_equal, tie_rank);  // where this warp's first selection goes
   }
-  // Collect in index order. Steps are warp-uniform: the prefix sums use full-warp shuffles.
-  auto collect_step = [&](auto full, int i, const uint4& v) {
+  sw.for_steps(lane, [&](auto full, int i, const uint4& v) {
     uint32_t key[8];
     bool valid[8];
-    unpack_keys<decltype(full)::value>(v, i, w_end, key, valid);
+    unpack_keys<decltype(full)::value>(v, i, sw.end, key, valid);
     int greater = 0, ties = 0;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
@@ -362,21 +439,7 @@ __global__ void __launch_bounds__(kTopkThreads, 1) indexer_topk_kernel(const uin
     }
     pos += int(total >> 16) + min(ties_left, int(total & 0xffffu));
     tie_rank += int(total & 0xffffu);
-  };
-  auto collect_batch = [&](int s0, const uint4 (&v)[kTopkBatch]) {
-#pragma unroll
-    for (int b = 0; b < kTopkBatch; ++b) {
-      const int step = s0 + 256 * b;
-      if (step + 256 <= w_end) collect_step(std::true_type{}, step + 8 * lane, v[b]);
-      else if (step < w_end) collect_step(std::false_type{}, step + 8 * lane, v[b]);
-    }
-  };
-  collect_batch(w_begin, first);
-  for (int s0 = w_begin + 256 * kTopkBatch; s0 < w_end; s0 += 256 * kTopkBatch) {
-    uint4 v[kTopkBatch];
-    load_batch(s0, v);
-    collect_batch(s0, v);
-  }
+  });
 }
 
 int tiles_per_cta_for(const IndexerArgs& a) {
@@ -393,8 +456,12 @@ IndexerWorkspace::IndexerWorkspace(int max_queries, int max_keys)
     : max_queries_(max_queries),
       max_keys_(max_keys),
       score_stride_((max_keys + 7) / 8 * 8),
+      max_slices_(std::max(1, (max_keys + kIndexerTopkSliceKeys - 1) / kIndexerTopkSliceKeys)),
       scores_(size_t(max_queries) * score_stride_),
-      histogram_(size_t(max_queries) * 256) {
+      histogram_(size_t(max_queries) * 256),
+      slice_hist_(size_t(max_queries) * max_slices_ * 256),
+      slice_greater_(size_t(max_queries) * max_slices_),
+      high_bin_(max_queries) {
   histogram_.fill_bytes(0);  // from then on every top-k call leaves its rows zero
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
 }
@@ -417,8 +484,17 @@ void indexer_scores(const IndexerWorkspace& ws, const IndexerArgs& a, cudaStream
 void indexer_select_topk(const IndexerWorkspace& ws, const IndexerArgs& a, cudaStream_t stream) {
   DSV4_CHECK(a.k >= 1 && a.k <= kIndexerMaxTopk, "indexer: k = {} outside 1 … {}", a.k, kIndexerMaxTopk);
   if (a.num_queries == 0) return;
-  launch_programmatic(indexer_topk_kernel, dim3(a.num_queries), dim3(kTopkThreads), 0, stream, ws.scores(),
-                      ws.score_stride(), ws.histogram(), a.key_counts, a.k, a.topk);
+  DSV4_CHECK(a.num_queries <= ws.max_queries() && a.max_keys <= ws.max_keys(),
+             "indexer: {} queries × {} keys exceed the workspace", a.num_queries, a.max_keys);
+  if (a.max_keys <= 0) {  // no keys anywhere: every row is −1 padding
+    DSV4_CUDA_CHECK(cudaMemsetAsync(a.topk, 0xff, size_t(a.num_queries) * a.k * sizeof(int32_t), stream));
+    return;
+  }
+  const TopkParams p{ws.scores(), ws.score_stride(), ws.histogram(), ws.slice_hist(), ws.slice_greater(),
+                     ws.high_bin(), ws.max_slices(), a.key_counts, a.k, a.topk};
+  const dim3 grid((a.max_keys + kIndexerTopkSliceKeys - 1) / kIndexerTopkSliceKeys, a.num_queries);
+  launch_programmatic(indexer_topk_count_kernel, grid, dim3(kTopkThreads), 0, stream, p);
+  launch_programmatic(indexer_topk_collect_kernel, grid, dim3(kTopkThreads), 0, stream, p);
 }
 
 void indexer_topk(const IndexerWorkspace& ws, const IndexerArgs& a, cudaStream_t stream) {

@@ -41,11 +41,15 @@ __host__ __device__ constexpr uint16_t indexer_score_bits(uint32_t order_key) {
   return uint16_t((order_key & 0x8000u) ? (order_key & 0x7fffu) : (~order_key & 0xffffu));
 }
 
-// Scratch for up to max_queries × max_keys: scores as order keys (row stride score_stride(), a multiple of
-// 8) and a 256-bin histogram per query of the scores' high order-key byte (first radix pass). The
-// histogram is zeroed once here; the scores kernel adds to it and the top-k kernel reads it and
-// clears it again, so no memset runs per call: every indexer_scores() must be followed by one
-// indexer_select_topk() on the same workspace before the next indexer_scores().
+// Keys per top-k slice: each slice of a query's keys is one CTA of the two top-k kernels.
+inline constexpr int kIndexerTopkSliceKeys = 8192;
+
+// Scratch for up to max_queries × max_keys: scores as order keys (row stride score_stride(), a
+// multiple of 8), a 256-bin histogram per query of the scores' high order-key byte (first radix
+// pass) and the top-k's per-slice counts. The histogram is zeroed once here; the scores kernel adds to
+// it and the top-k reads it and clears it again, so no memset runs per call: every indexer_scores()
+// must be followed by one indexer_select_topk() on the same workspace before the next
+// indexer_scores().
 class IndexerWorkspace {
  public:
   IndexerWorkspace(int max_queries, int max_keys);
@@ -54,19 +58,25 @@ class IndexerWorkspace {
   int32_t* histogram() const { return histogram_.get(); }
   int max_queries() const { return max_queries_; }
   int max_keys() const { return max_keys_; }
+  int max_slices() const { return max_slices_; }
+  // [max_queries, max_slices, 256] low-byte counts of each slice's keys in the threshold's high-byte
+  // bin; [max_queries, max_slices] each slice's keys above that bin; [max_queries] the bin.
+  int32_t* slice_hist() const { return slice_hist_.get(); }
+  int32_t* slice_greater() const { return slice_greater_.get(); }
+  int32_t* high_bin() const { return high_bin_.get(); }
 
  private:
-  int max_queries_, max_keys_, score_stride_;
+  int max_queries_, max_keys_, score_stride_, max_slices_;
   DeviceBuffer<uint16_t> scores_;
-  DeviceBuffer<int32_t> histogram_;
+  DeviceBuffer<int32_t> histogram_, slice_hist_, slice_greater_, high_bin_;
 };
 
 // Scores then top-k.
 void indexer_topk(const IndexerWorkspace& ws, const IndexerArgs& args, cudaStream_t stream);
 
 // The two stages separately (benchmarks, tests). Scores land in ws.scores() as order keys
-// (indexer_score_bits() gives the bf16 bits back), row stride ws.score_stride(); the top-k stage needs (and consumes) the scores stage's histogram.
-// Both kernels are launched as programmatic dependents (launch latency hidden behind the kernel
+// (indexer_score_bits() gives the bf16 bits back), row stride ws.score_stride(); the top-k stage
+// needs (and consumes) the scores stage's histogram. All kernels are launched as programmatic dependents (launch latency hidden behind the kernel
 // before them).
 void indexer_scores(const IndexerWorkspace& ws, const IndexerArgs& args, cudaStream_t stream);
 void indexer_select_topk(const IndexerWorkspace& ws, const IndexerArgs& args, cudaStream_t stream);
