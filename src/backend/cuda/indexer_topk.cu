@@ -80,14 +80,17 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const Scor
   const int tile_end = min(tile_begin + p.tiles_per_cta, (n + kTileKeys - 1) / kTileKeys);
   if (tile_begin >= tile_end) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
-  // The first key tile's loads go out first: their two dependent latencies (page id, then data)
-  // overlap the staging of q below.
   const int32_t* table = a.block_table + size_t(a.query_seq[query]) * a.pages_stride;
   uint16_t* out = p.scores + size_t(query) * p.score_stride;
+  // A tile's 16 keys lie in one page. Its page id is loaded one tile ahead of its data, so that a data
+  // load never waits for the id it depends on; the data are loaded one tile ahead of the MMAs.
+  static_assert(kl::kEntriesPerPage % kTileKeys == 0, "a key tile within one page");
+  auto page_of = [&](int tile) {
+    return tile < tile_end ? int64_t(table[tile * kTileKeys / kl::kEntriesPerPage]) * kl::kEntriesPerPage : int64_t(0);
+  };
   // Key rows gid and gid+8 of a tile: block `tig` (16 B) and its scale; zeros past the key count.
-  auto load_tile = [&](int tile, uint4 (&data)[2], uint32_t (&scale)[2]) {
+  auto load_tile = [&](int tile, int64_t page_base, uint4 (&data)[2], uint32_t (&scale)[2]) {
     const int key0 = tile * kTileKeys;
-    const int64_t page_base = tile < tile_end ? int64_t(table[key0 / kl::kEntriesPerPage]) * kl::kEntriesPerPage : 0;
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
       const int j = key0 + gid + 8 * h;
@@ -100,9 +103,11 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const Scor
       }
     }
   };
+  // The first tile's loads go out before q is staged, the next tile's page id with them.
   uint4 data[2];
   uint32_t scale_bits[2];
-  load_tile(tile_begin + warp, data, scale_bits);
+  load_tile(tile_begin + warp, page_of(tile_begin + warp), data, scale_bits);
+  int64_t next_page = page_of(tile_begin + warp + kScoreWarps);
 
   __shared__ __align__(16) uint8_t q_smem[kIndexerHeads * kQRowBytes];
   const uint4* q_src = reinterpret_cast<const uint4*>(a.q + size_t(query) * kIndexerHeads * kDim);
@@ -135,7 +140,8 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const Scor
     const int key0 = tile * kTileKeys;
     const uint4 cur[2] = {data[0], data[1]};
     const __nv_bfloat162 scale[2] = {e8m0_to_bf16x2(scale_bits[0]), e8m0_to_bf16x2(scale_bits[1])};
-    load_tile(tile + kScoreWarps, data, scale_bits);  // prefetch: its latency overlaps this tile's MMAs
+    load_tile(tile + kScoreWarps, next_page, data, scale_bits);  // its latency overlaps this tile's MMAs
+    next_page = page_of(tile + 2 * kScoreWarps);
     float acc[8][4];
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt) acc[nt][0] = acc[nt][1] = acc[nt][2] = acc[nt][3] = 0.f;
