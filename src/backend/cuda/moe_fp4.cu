@@ -3,12 +3,13 @@
 // mma.sync.m16n8k16 (f32 accumulation). Weights sit on the MMA's M side ("swap AB"): at decode an
 // expert sees a handful of tokens, which fill the N = 8 side, while its weight rows fill M.
 //
-// The kernel here: a block works on one expert slot (blockIdx.y) and one or four 16-row weight tiles;
-// its 8 warps split K per tile and reduce through shared memory. Every weight byte is read once per
-// pass over the expert's tokens (8 per pass in the register decode variant, 32 in the batched one),
-// as 16-byte loads that each fill one lane's A fragments for four MMA K steps. The streaming decode
-// kernel (weights through a shared-memory ring filled by the bulk copy engine; measured slower on
-// the H200, a forced path) is moe_fp4_stream.cu.
+// The kernel here (decode: few tokens per expert): a block works on one expert slot (blockIdx.y) and
+// four 16-row weight tiles; its 8 warps split K per tile and reduce through shared memory. Every
+// weight byte is read once per pass of 8·NT tokens (the launches use NT = 1), as 16-byte loads that
+// each fill one lane's A fragments for four MMA K steps. Many tokens per expert (prefill) go to the
+// tiled kernel (moe_fp4_tiled.cu: tokens on M, 64 per pass, activations staged in shared memory). The
+// streaming decode kernel (weights through a shared-memory ring filled by the bulk copy engine;
+// measured slower on the H200, a forced path) is moe_fp4_stream.cu.
 // The gate-up kernel's epilogue applies the clamped SwiGLU and the routing weight; the down kernel
 // writes each pair's bf16 expert output, which moe_combine() sums per token.
 #include <cuda_bf16.h>
@@ -270,10 +271,8 @@ void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int to
                         dim3(kThreads), 0, stream, dn);
     return;
   }
-  launch_programmatic(moe_fp4_gemm_kernel<F, 4, 2, 1, true>, dim3(2 * I / kMoeUnitRows, max_slots), dim3(kThreads), 0,
-                      stream, gu);
-  launch_programmatic(moe_fp4_gemm_kernel<F, 4, 2, 1, false>, dim3(D / kMoeUnitRows, max_slots), dim3(kThreads), 0,
-                      stream, dn);
+  moe_detail::moe_fp4_tiled_gemm(F, true, gu, 2 * I, max_slots, stream);
+  moe_detail::moe_fp4_tiled_gemm(F, false, dn, D, max_slots, stream);
 }
 
 }  // namespace
@@ -282,8 +281,8 @@ void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int to
 // ~8 pairs per expert on average every weight byte is read once per forward: the W4A16 decode path
 // (the shared-memory streaming kernel, W4A16Stream, measured slower at every decode size, runs only
 // when forced). On sm_90 with MXFP4 experts the W4A8 wgmma path takes over above 16 pairs per expert
-// (at 12 the decode path is still faster); elsewhere (sm_120, NVFP4) the batched W4A16 variant, which
-// amortises each dequantised weight over 32 tokens, takes over above 8.
+// (at 12 the decode path is still faster); elsewhere (sm_120, NVFP4) the tiled W4A16 kernel, which
+// uses each unpacked weight for 64 tokens, takes over above 8 (at 24 it is 10% faster than decode).
 MoeFp4Path moe_fp4_select_path(const MoeFp4Shape& shape, int tokens, int k) {
   const int64_t pairs = int64_t(tokens) * k, experts = shape.experts;
   const bool w4a8 = moe_fp4_path_available(MoeFp4Path::W4A8, shape);

@@ -104,7 +104,8 @@ enum class MoeFp4Path : uint8_t {
                  // (moe_fp4_stream.cu, sm_90+); forced only: slower than W4A16Decode on the H200
                  // (docs/perf/moe_fp4.md)
   W4A16Decode,   // bf16 mma.sync, weights on the M side, ≤ 8 tokens per pass, loads in registers
-  W4A16Batched,  // bf16 mma.sync, 32 tokens per pass (each dequantised weight used 4×)
+  W4A16Batched,  // bf16 mma.sync, tokens on the M side in tiles of 64 staged in shared memory, weights
+                 // unpacked into B fragments once per 64 tokens (moe_fp4_tiled.cu)
   W4A8,          // sm_90a, MXFP4: e4m3 weights and activations, FP8 wgmma on 128-token tiles; the
                  // reference's own expert numerics (SPEC §2.4), moe_fp4_w4a8.cu
 };

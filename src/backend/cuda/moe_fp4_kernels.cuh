@@ -100,6 +100,11 @@ __device__ __forceinline__ void store_fragment(const GemmArgs& p, int tile, int 
 bool moe_fp4_stream_fits(const MoeFp4Shape& shape);
 void moe_fp4_stream_gemm(MoeFp4Format format, bool gate_up, const GemmArgs& args, int rows, cudaStream_t stream);
 
+// The tiled W4A16 GEMM for many tokens per expert (moe_fp4_tiled.cu; any sm_80+ device). rows: weight
+// rows (2I or D); K and rows multiples of 128.
+void moe_fp4_tiled_gemm(MoeFp4Format format, bool gate_up, const GemmArgs& args, int rows, int max_slots,
+                        cudaStream_t stream);
+
 // The sm_90a W4A8 GEMMs (moe_fp4_w4a8.cu), MXFP4 only.
 struct W4a8Args {
   const uint8_t* weights;    // all experts, unit layout

@@ -74,6 +74,11 @@ __device__ __forceinline__ void cp_async4(uint32_t dst, const void* src, int src
 }
 __device__ __forceinline__ void cp_async_commit() { asm volatile("cp.async.commit_group;\n" ::: "memory"); }
 __device__ __forceinline__ void cp_async_wait_all() { asm volatile("cp.async.wait_all;\n" ::: "memory"); }
+// Waits until at most `kPending` of this thread's committed groups are still in flight.
+template <int kPending>
+__device__ __forceinline__ void cp_async_wait() {
+  asm volatile("cp.async.wait_group %0;\n" ::"n"(kPending) : "memory");
+}
 
 // mbarriers in shared memory (sm_90 and later for try_wait and the transaction count). A phase
 // completes when its arrivals (and, with expect_tx, its announced bytes) are all in; waiters pass the
