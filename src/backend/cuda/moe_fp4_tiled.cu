@@ -1,20 +1,17 @@
 // The W4A16 expert GEMMs for many tokens per expert (prefill): tokens on the MMA's M side, weights on
-// N. A block takes 128 weight rows (8 warps × one 16-row tile) of one expert slot and walks its
-// tokens 64 at a time. Per stage of 128 inputs, the 64 tokens' activations, the block's e2m1 weights
-// and their scales go through a cp.async ring in shared memory; each warp unpacks its weights (e2m1 →
+// N. A block takes 256 weight rows (8 warps × two 16-row tiles) of one expert slot and walks its
+// tokens 64 at a time; the 64 tokens' activations go through a 3-stage cp.async ring in shared
+// memory, 128 inputs per stage, shared by the 8 warps. Each warp unpacks its weight units (e2m1 →
 // bf16 with the block scale folded in, as the decode kernels do) once per 64 tokens, so an unpacked
-// register feeds 4 MMAs (the 4 token tiles). Nothing is carried in registers across stages but the
-// accumulators, so two blocks fit an SM (≤ 128 registers; two tiles per warp would need ~190).
+// register feeds 4 MMAs (the 4 token tiles) instead of 1.
 //
 // Register layouts: the unit layout (moe_fp4.h) gives lane (g, q) the A fragments of weight rows g
 // and g+8 for the unit's four k16 steps, inputs 16q … 16q+15 of the unit in the order the MMA's
 // k slots expect. Read as B operands, {a0, a2} are the fragment of rows 0–7 and {a1, a3} that of rows
 // 8–15. The activation A fragments need, for token row r and step t, inputs 16q + 4t … 16q + 4t + 3:
-// one 16-byte shared load gives those of two steps. Activation rows are padded to 272 bytes so that
-// the 2 rows × 4 lanes of a quarter warp hit distinct banks.
+// one 16-byte shared load gives those of two steps. Rows are padded to 272 bytes so that the 2 rows ×
+// 4 lanes of a quarter warp hit distinct banks.
 #include <cuda_bf16.h>
-
-#include <algorithm>
 
 #include "backend/cuda/moe_fp4_kernels.cuh"
 
@@ -23,32 +20,20 @@ namespace {
 
 constexpr int kWarps = 8;
 constexpr int kThreads = 32 * kWarps;
-constexpr int kTilesPerWarp = 1;                                   // 16-row weight tiles per warp
-constexpr int kBlockTiles = kWarps * kTilesPerWarp;                // 8
-constexpr int kBlockRows = kBlockTiles * kMoeUnitRows;             // 128
-constexpr int kTokens = 64;                                        // token rows per pass (4 m16 tiles)
+constexpr int kTilesPerWarp = 2;                                 // 16-row weight tiles per warp
+constexpr int kBlockRows = kWarps * kTilesPerWarp * kMoeUnitRows;  // 256
+constexpr int kTokens = 64;                                      // token rows per pass (4 m16 tiles)
 constexpr int kMTiles = kTokens / 16;
-constexpr int kStageUnits = 2;                                     // 64-input units per stage
-constexpr int kStageCols = kStageUnits * kMoeUnitCols;             // 128 inputs
-constexpr int kRowBytes = kStageCols * 2 + 16;                     // 272
-constexpr int kActBytes = kTokens * kRowBytes;                     // 17,408
-constexpr int kWeightBytes = kBlockTiles * kStageUnits * kMoeUnitBytes;  // 8,192
-constexpr int kMaxStages = 3;
-
-template <MoeFp4Format F>
-constexpr int stage_bytes() {
-  return kActBytes + kWeightBytes + kBlockTiles * kStageUnits * moe_unit_scale_bytes(F);
-}
-
-// Copies per thread per stage: activations, weights, scales (16-byte pieces).
-constexpr int kActPieces = kTokens * kStageCols * 2 / 16 / kThreads;   // 4
-constexpr int kWeightPieces = kWeightBytes / 16 / kThreads;            // 2
-static_assert(kActPieces * kThreads * 16 == kTokens * kStageCols * 2 && kWeightPieces * kThreads * 16 == kWeightBytes &&
-                  (kStageCols * 2 / 16) % kActPieces == 0,
-              "whole 16-byte copies per thread");
+constexpr int kStageUnits = 2;                                   // 64-input units per stage
+constexpr int kStageCols = kStageUnits * kMoeUnitCols;           // 128 inputs
+constexpr int kRowBytes = kStageCols * 2 + 16;                   // 272
+constexpr int kStageBytes = kTokens * kRowBytes;
+constexpr int kStages = 3;
+constexpr int kSmemBytes = kStages * kStageBytes;                // 52,224
+static_assert((kTokens * kStageCols * 2 / 16) % kThreads == 0, "whole 16-byte copies per thread");
 
 template <MoeFp4Format F, bool kGateUp>
-__global__ void __launch_bounds__(kThreads, 2) moe_fp4_tiled_kernel(GemmArgs p, int rows, int ring) {
+__global__ void __launch_bounds__(kThreads, 1) moe_fp4_tiled_kernel(GemmArgs p, int rows) {
   extern __shared__ __align__(16) uint8_t smem[];
   pdl_wait();  // routing (and, for down, gate-up's output) come from the kernels before
   pdl_launch_dependents();
@@ -57,57 +42,47 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp4_tiled_kernel(GemmArgs p, 
   if (expert < 0) return;
   const int begin = p.slot_begin[slot], count = p.slot_count[slot];
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, g = lane / 4, q = lane % 4;
-  const int block_tile0 = blockIdx.x * kBlockTiles;
-  const int block_tiles = min(kBlockTiles, rows / kMoeUnitRows - block_tile0);  // rows: a multiple of 128
-  const bool active = warp * kTilesPerWarp < block_tiles;                       // whole warps idle
+  const int tile0 = (blockIdx.x * kWarps + warp) * kTilesPerWarp;
+  const bool active = tile0 * kMoeUnitRows < rows;  // rows is a multiple of 128: whole warps idle
   const int units = p.K / kMoeUnitCols, stages = units / kStageUnits;
   constexpr int kScaleBytes = moe_unit_scale_bytes(F);
-  constexpr int kStageBytes = stage_bytes<F>();
   const int scale_offset = F == MoeFp4Format::Nvfp4 ? 2 * lane : 4 * g + 2 * (q >> 1);
-  const uint8_t* weights = p.weights + expert * p.expert_weight_bytes + size_t(block_tile0) * units * kMoeUnitBytes;
-  const uint8_t* scales = p.scales + expert * p.expert_scale_bytes + size_t(block_tile0) * units * kScaleBytes;
+  const uint8_t* wbase[kTilesPerWarp];
+  const uint8_t* sbase[kTilesPerWarp];
+#pragma unroll
+  for (int i = 0; i < kTilesPerWarp; ++i) {
+    const int tile = active ? tile0 + i : 0;
+    wbase[i] = p.weights + expert * p.expert_weight_bytes + size_t(tile) * units * kMoeUnitBytes + lane * 16;
+    sbase[i] = p.scales + expert * p.expert_scale_bytes + size_t(tile) * units * kScaleBytes + scale_offset;
+  }
   const float* fac = p.factors + expert * kFactorsPerExpert;
   const uint32_t smem_base = smem_u32(smem);
 
-  // Stage layout: activations [64 rows × 272 B], weights [tile][unit][512 B], scales [tile][unit][kScaleBytes].
+  // Copy duty: thread t copies 16-byte pieces t, t + 256, … of a stage (row = piece / 16).
   constexpr int kPiecesPerRow = kStageCols * 2 / 16;  // 16
-  constexpr int kScalePieces = kBlockTiles * kStageUnits * kScaleBytes / 16;
+  constexpr int kCopies = kTokens * kPiecesPerRow / kThreads;  // 4
   for (int chunk = 0; chunk < count; chunk += kTokens) {
-    // Activation copies: thread t copies the kActPieces consecutive 16-byte pieces of row t / 4 from
-    // piece (t % 4) · kActPieces on; src_row = its activation row, −1 past the expert's tokens.
-    const int copy_row = threadIdx.x / (kPiecesPerRow / kActPieces), copy_col = threadIdx.x % (kPiecesPerRow / kActPieces) * kActPieces;
-    const int src_row = chunk + copy_row < count ? p.sorted_pairs[begin + chunk + copy_row] / p.act_row_divisor : -1;
-    int fill_slot = 0;  // ring slot of the next stage to copy
+    const __nv_bfloat16* src_row[kCopies];
+#pragma unroll
+    for (int c = 0; c < kCopies; ++c) {
+      const int row = (threadIdx.x + c * kThreads) / kPiecesPerRow, idx = chunk + row;
+      src_row[c] = idx < count ? p.act + size_t(p.sorted_pairs[begin + idx] / p.act_row_divisor) * p.K : nullptr;
+    }
     auto issue_stage = [&](int s) {
       if (s < stages) {
-        const uint32_t base = smem_base + fill_slot * kStageBytes;
 #pragma unroll
-        for (int c = 0; c < kActPieces; ++c) {
-          const uint32_t dst = base + copy_row * kRowBytes + (copy_col + c) * 16;
-          if (src_row >= 0) cp_async16(dst, p.act + size_t(src_row) * p.K + s * kStageCols + (copy_col + c) * 8, 16);
+        for (int c = 0; c < kCopies; ++c) {
+          const int piece = threadIdx.x + c * kThreads, row = piece / kPiecesPerRow, col = piece % kPiecesPerRow;
+          const uint32_t dst = smem_base + (s % kStages) * kStageBytes + row * kRowBytes + col * 16;
+          if (src_row[c]) cp_async16(dst, src_row[c] + s * kStageCols + col * 8, 16);
           else cp_async16(dst, p.act, 0);  // zero-fill: rows past the expert's tokens
         }
-#pragma unroll
-        for (int c = 0; c < kWeightPieces; ++c) {
-          const int piece = threadIdx.x + c * kThreads, tile = piece / (kStageUnits * 32);
-          const int u = piece / 32 % kStageUnits, part = piece % 32;
-          if (tile < block_tiles)
-            cp_async16(base + kActBytes + piece * 16,
-                       weights + (size_t(tile) * units + s * kStageUnits + u) * kMoeUnitBytes + part * 16, 16);
-        }
-        for (int piece = threadIdx.x; piece < kScalePieces; piece += kThreads) {
-          constexpr int kPerUnit = kScaleBytes / 16;
-          const int tile = piece / (kStageUnits * kPerUnit), u = piece / kPerUnit % kStageUnits, part = piece % kPerUnit;
-          if (tile < block_tiles)
-            cp_async16(base + kActBytes + kWeightBytes + piece * 16,
-                       scales + (size_t(tile) * units + s * kStageUnits + u) * kScaleBytes + part * 16, 16);
-        }
-        fill_slot = fill_slot + 1 == ring ? 0 : fill_slot + 1;
       }
       cp_async_commit();  // empty groups keep the wait count uniform
     };
     __syncthreads();  // the previous pass is done with every stage
-    for (int s = 0; s < ring - 1; ++s) issue_stage(s);
+#pragma unroll
+    for (int s = 0; s < kStages - 1; ++s) issue_stage(s);
 
     float acc[kMTiles][2 * kTilesPerWarp][4];
 #pragma unroll
@@ -115,65 +90,87 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp4_tiled_kernel(GemmArgs p, 
 #pragma unroll
       for (int n = 0; n < 2 * kTilesPerWarp; ++n) acc[m][n][0] = acc[m][n][1] = acc[m][n][2] = acc[m][n][3] = 0.f;
 
-    int use_slot = 0;
+    // Weights of a stage go to registers two stages ahead: their latency overlaps two stages of MMAs
+    // (one block per SM: the bytes in flight must come from each warp).
+    uint4 wq[kStageUnits][kTilesPerWarp], wq1[kStageUnits][kTilesPerWarp];
+    uint32_t sc[kStageUnits][kTilesPerWarp], sc1[kStageUnits][kTilesPerWarp];
+    auto load_weights = [&](int s, uint4 (&w)[kStageUnits][kTilesPerWarp], uint32_t (&c)[kStageUnits][kTilesPerWarp]) {
+#pragma unroll
+      for (int u = 0; u < kStageUnits; ++u)
+#pragma unroll
+        for (int i = 0; i < kTilesPerWarp; ++i) {
+          const int unit = s * kStageUnits + u;
+          const bool ok = active && s < stages;
+          w[u][i] = ok ? __ldg(reinterpret_cast<const uint4*>(wbase[i] + size_t(unit) * kMoeUnitBytes)) : make_uint4(0, 0, 0, 0);
+          c[u][i] = ok ? __ldg(reinterpret_cast<const unsigned short*>(sbase[i] + size_t(unit) * kScaleBytes)) : 0u;
+        }
+    };
+    load_weights(0, wq, sc);
+    load_weights(1, wq1, sc1);
     for (int s = 0; s < stages; ++s) {
-      // Stage s landed for every thread; the slot of stage s-1 is free for the copy below.
-      if (ring == 2) cp_async_wait<0>();
-      else cp_async_wait<kMaxStages - 2>();
-      __syncthreads();
-      issue_stage(s + ring - 1);
+      uint4 wq2[kStageUnits][kTilesPerWarp];
+      uint32_t sc2[kStageUnits][kTilesPerWarp];
+      load_weights(s + 2, wq2, sc2);
+      cp_async_wait<kStages - 2>();
+      __syncthreads();  // stage s landed for every thread; stage s-1's buffer is free for the copy below
+      issue_stage(s + kStages - 1);
       if (active) {
-        const uint32_t stage = smem_base + use_slot * kStageBytes;
-        const uint32_t wsm = stage + kActBytes + warp * kTilesPerWarp * kStageUnits * kMoeUnitBytes + lane * 16;
-        const uint32_t ssm = stage + kActBytes + kWeightBytes + warp * kTilesPerWarp * kStageUnits * kScaleBytes + scale_offset;
-#pragma unroll 1
+        const uint8_t* stage = smem + (s % kStages) * kStageBytes;
+#pragma unroll
         for (int u = 0; u < kStageUnits; ++u) {
-          uint4 wq[kTilesPerWarp];
           uint32_t s_lo[kTilesPerWarp], s_hi[kTilesPerWarp];
 #pragma unroll
           for (int i = 0; i < kTilesPerWarp; ++i) {
-            wq[i] = ld_shared_v4(wsm + (i * kStageUnits + u) * kMoeUnitBytes);
-            const uint32_t sc = ld_shared_u16(ssm + (i * kStageUnits + u) * kScaleBytes);
-            s_lo[i] = folded_scale_x2<F>(sc & 0xffu);
-            s_hi[i] = folded_scale_x2<F>(sc >> 8);
+            s_lo[i] = folded_scale_x2<F>(sc[u][i] & 0xffu);
+            s_hi[i] = folded_scale_x2<F>(sc[u][i] >> 8);
           }
 #pragma unroll
           for (int tp = 0; tp < 2; ++tp) {  // two k16 steps per 16-byte activation load
-            uint32_t b[2][2 * kTilesPerWarp][2];  // [step][n8 tile: rows 0–7 / 8–15 of each weight tile]
-#pragma unroll
-            for (int j = 0; j < 2; ++j)
-#pragma unroll
-              for (int i = 0; i < kTilesPerWarp; ++i) {
-                const int t = 2 * tp + j;
-                const uint32_t word = t == 0 ? wq[i].x : t == 1 ? wq[i].y : t == 2 ? wq[i].z : wq[i].w;
-                uint32_t a[4];
-                dequant_a(word, s_lo[i], s_hi[i], a);
-                b[j][2 * i][0] = a[0];
-                b[j][2 * i][1] = a[2];
-                b[j][2 * i + 1][0] = a[1];
-                b[j][2 * i + 1][1] = a[3];
-              }
+            uint4 x0[kMTiles], x8[kMTiles];
             const int col_bytes = (u * kMoeUnitCols + 16 * q + 8 * tp) * 2;
 #pragma unroll
             for (int m = 0; m < kMTiles; ++m) {
-              const uint4 x0 = ld_shared_v4(stage + (16 * m + g) * kRowBytes + col_bytes);
-              const uint4 x8 = ld_shared_v4(stage + (16 * m + g + 8) * kRowBytes + col_bytes);
+              x0[m] = *reinterpret_cast<const uint4*>(stage + (16 * m + g) * kRowBytes + col_bytes);
+              x8[m] = *reinterpret_cast<const uint4*>(stage + (16 * m + g + 8) * kRowBytes + col_bytes);
+            }
 #pragma unroll
-              for (int j = 0; j < 2; ++j) {
-                const uint32_t af[4] = {j ? x0.z : x0.x, j ? x8.z : x8.x, j ? x0.w : x0.y, j ? x8.w : x8.y};
+            for (int j = 0; j < 2; ++j) {
+              const int t = 2 * tp + j;
+              uint32_t b[2 * kTilesPerWarp][2];  // n8 tiles: rows 0–7 and 8–15 of each weight tile
 #pragma unroll
-                for (int n = 0; n < 2 * kTilesPerWarp; ++n) mma_bf16(acc[m][n], af, b[j][n][0], b[j][n][1]);
+              for (int i = 0; i < kTilesPerWarp; ++i) {
+                const uint32_t word = t == 0 ? wq[u][i].x : t == 1 ? wq[u][i].y : t == 2 ? wq[u][i].z : wq[u][i].w;
+                uint32_t a[4];
+                dequant_a(word, s_lo[i], s_hi[i], a);
+                b[2 * i][0] = a[0];
+                b[2 * i][1] = a[2];
+                b[2 * i + 1][0] = a[1];
+                b[2 * i + 1][1] = a[3];
+              }
+#pragma unroll
+              for (int m = 0; m < kMTiles; ++m) {
+                const uint32_t af[4] = {j ? x0[m].z : x0[m].x, j ? x8[m].z : x8[m].x, j ? x0[m].w : x0[m].y,
+                                        j ? x8[m].w : x8[m].y};
+#pragma unroll
+                for (int n = 0; n < 2 * kTilesPerWarp; ++n) mma_bf16(acc[m][n], af, b[n][0], b[n][1]);
               }
             }
           }
         }
       }
-      use_slot = use_slot + 1 == ring ? 0 : use_slot + 1;
+#pragma unroll
+      for (int u = 0; u < kStageUnits; ++u)
+#pragma unroll
+        for (int i = 0; i < kTilesPerWarp; ++i) {
+          wq[u][i] = wq1[u][i];
+          sc[u][i] = sc1[u][i];
+          wq1[u][i] = wq2[u][i];
+          sc1[u][i] = sc2[u][i];
+        }
     }
     if (!active) continue;
     // acc[m][2i + h][c]: token row 16m + g (c < 2) or 16m + g + 8 (c ≥ 2), weight row 8h + 2q + (c & 1)
     // of tile tile0 + i.
-    const int tile0 = block_tile0 + warp * kTilesPerWarp;
 #pragma unroll
     for (int m = 0; m < kMTiles; ++m)
 #pragma unroll
@@ -194,32 +191,16 @@ __global__ void __launch_bounds__(kThreads, 2) moe_fp4_tiled_kernel(GemmArgs p, 
   }
 }
 
-// Ring depth: three stages where shared memory allows (26.4 / 27.4 KB per stage: sm_90 and sm_120
-// both take three), else two.
-template <MoeFp4Format F>
-int ring_stages() {
-  static const int stages = [] {
-    const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-    const int n = std::min(kMaxStages, optin / stage_bytes<F>());
-    DSV4_CHECK(n >= 2, "moe_fp4_tiled_gemm: {} bytes of shared memory per block hold fewer than two {}-byte stages",
-               optin, stage_bytes<F>());
-    return n;
-  }();
-  return stages;
-}
-
 template <MoeFp4Format F, bool kGateUp>
 void launch(const GemmArgs& args, int rows, int max_slots, cudaStream_t stream) {
   auto kernel = moe_fp4_tiled_kernel<F, kGateUp>;
-  const int ring = ring_stages<F>();
-  const int smem = ring * stage_bytes<F>();
   static const bool configured = [&] {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
     return true;
   }();
   (void)configured;
-  launch_programmatic(kernel, dim3((rows + kBlockRows - 1) / kBlockRows, max_slots), dim3(kThreads), smem, stream,
-                      args, rows, ring);
+  launch_programmatic(kernel, dim3((rows + kBlockRows - 1) / kBlockRows, max_slots), dim3(kThreads), kSmemBytes,
+                      stream, args, rows);
 }
 
 }  // namespace
