@@ -66,9 +66,6 @@ __device__ __forceinline__ __nv_bfloat162 e8m0_to_bf16x2(uint32_t e) {
   return *reinterpret_cast<const __nv_bfloat162*>(&two);
 }
 
-
-__device__ __forceinline__ float round_bf16(float x) { return __bfloat162float(__float2bfloat16_rn(x)); }
-
 // Grid (key chunks, queries); each warp walks tiles of 16 keys of its CTA's chunk.
 __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const ScoreParams p) {
   pdl_wait();  // q, weights and keys come from earlier kernels
@@ -125,12 +122,11 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const Scor
       qb[nt][s][0] = v.x;
       qb[nt][s][1] = v.y;
     }
-  float w[8][2];
+  // Head weights of this lane's two heads per n tile (2·tig, 2·tig + 1), as bf16x2.
+  __nv_bfloat162 w[8];
 #pragma unroll
   for (int nt = 0; nt < 8; ++nt)
-#pragma unroll
-    for (int e = 0; e < 2; ++e)
-      w[nt][e] = __bfloat162float(a.weights[size_t(query) * kIndexerHeads + nt * 8 + 2 * tig + e]);
+    w[nt] = *reinterpret_cast<const __nv_bfloat162*>(a.weights + size_t(query) * kIndexerHeads + nt * 8 + 2 * tig);
 
   __shared__ int hist[256];
   for (int i = threadIdx.x; i < 256; i += kScoreThreads) hist[i] = 0;
@@ -155,14 +151,19 @@ __global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const Scor
 #pragma unroll
       for (int nt = 0; nt < 8; ++nt) mma_bf16(acc[nt], af, qb[nt][s][0], qb[nt][s][1]);
     }
-    // d = bf16(dot), ReLU, bf16(d · w_h), f32 head sum (starting from +0, so never −0), bf16.
+    // d = bf16(dot), ReLU, bf16(d · w_h), f32 head sum (starting from +0, so never −0), bf16 — on
+    // bf16x2 pairs (two heads): the bf16 product of two bf16 values rounds once, as bf16(f32 product)
+    // does (the f32 product is exact).
+    const __nv_bfloat162 zero = __float2bfloat162_rn(0.f);
     float sum[2] = {0.f, 0.f};
 #pragma unroll
     for (int nt = 0; nt < 8; ++nt)
 #pragma unroll
-      for (int e = 0; e < 2; ++e) {
-        sum[0] += round_bf16(fmaxf(round_bf16(acc[nt][e]), 0.f) * w[nt][e]);
-        sum[1] += round_bf16(fmaxf(round_bf16(acc[nt][2 + e]), 0.f) * w[nt][e]);
+      for (int h = 0; h < 2; ++h) {
+        const __nv_bfloat162 d = __floats2bfloat162_rn(acc[nt][2 * h], acc[nt][2 * h + 1]);
+        const __nv_bfloat162 prod = __hmul2(__hmax2(d, zero), w[nt]);
+        sum[h] += __low2float(prod);
+        sum[h] += __high2float(prod);
       }
 #pragma unroll
     for (int h = 0; h < 2; ++h) {
