@@ -1,7 +1,9 @@
 // Lightning indexer (SPEC §3.5) on the FP4 indexer-key cache (backend/kv_cache_layout.h): per query
 // token, bf16 scores over every available compressed key, then the top-k (ties → lower index) in
 // ascending key order: the attention only needs the set, in an order that walks the cache forwards,
-// and the selection needs no sort. Device pointers in, no host synchronisation, CUDA-graph capturable.
+// and the selection needs no sort. (The reference's torch.topk returns descending scores; lists in
+// index order group other entries into the attention's 64-entry softmax blocks, a difference at the
+// bf16 rounding of P of the same kind as the split-KV partials'.) Device pointers in, no host synchronisation, CUDA-graph capturable.
 // Numerics are those of cpu/indexer_reference.h: per head d = bf16(f32 dot), r = max(d, 0),
 // prod = bf16(r · w_h), score = bf16(Σ_h prod in f32). (The f32 head sum is a tree here and a
 // sequential loop on the CPU; both are exact whenever the 64 products lie within 2^16 of each other.)
