@@ -277,17 +277,18 @@ void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int to
 
 }  // namespace
 
-// The dispatcher, in one place (crossovers measured on the H200, docs/perf/moe_fp4.md). With at most
-// ~8 pairs per expert on average every weight byte is read once per forward: the W4A16 decode path
+// The dispatcher, in one place (crossovers measured on the H200, docs/perf/moe_fp4.md). With few pairs
+// per expert (the decode kernel reads an expert's weights once per 8 of its tokens): the W4A16 decode path
 // (the shared-memory streaming kernel, W4A16Stream, measured slower at every decode size, runs only
 // when forced). On sm_90 with MXFP4 experts the W4A8 wgmma path takes over above 16 pairs per expert
 // (at 12 the decode path is still faster); elsewhere (sm_120, NVFP4) the tiled W4A16 kernel, which
-// uses each unpacked weight for 64 tokens, takes over above 8 (at 24 it is 10% faster than decode).
+// uses each unpacked weight for 64 tokens, takes over above 20 (NVFP4 on the H200: decode 5% faster
+// at 18 pairs per expert, the tiled kernel 11% faster at 24; sm_120 not measured).
 MoeFp4Path moe_fp4_select_path(const MoeFp4Shape& shape, int tokens, int k) {
   const int64_t pairs = int64_t(tokens) * k, experts = shape.experts;
   const bool w4a8 = moe_fp4_path_available(MoeFp4Path::W4A8, shape);
   if (w4a8 && pairs > 16 * experts) return MoeFp4Path::W4A8;
-  if (w4a8 || pairs <= 8 * experts) return MoeFp4Path::W4A16Decode;
+  if (w4a8 || pairs <= 20 * experts) return MoeFp4Path::W4A16Decode;
   return MoeFp4Path::W4A16Batched;
 }
 
