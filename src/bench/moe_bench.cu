@@ -296,6 +296,8 @@ void bench_moe() {
   // DSV4_MOE_BENCH_FORMAT=mxfp4|nvfp4 times one format only (default: both).
   const char* only = std::getenv("DSV4_MOE_BENCH_FORMAT");
   const std::string fmt_only = only ? only : "";
+  if (!fmt_only.empty() && fmt_only != "mxfp4" && fmt_only != "nvfp4")
+    fail("DSV4_MOE_BENCH_FORMAT: expected mxfp4 or nvfp4, got '{}'", fmt_only);
   if (fmt_only.empty() || fmt_only == "mxfp4") bench_format(MoeFp4Format::Mxfp4, copy_gbs);
   if (fmt_only.empty() || fmt_only == "nvfp4") bench_format(MoeFp4Format::Nvfp4, copy_gbs);
 }

@@ -13,6 +13,16 @@ void add_bench_ops_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench-ops", "Benchmark GPU kernels (markdown tables on stdout)");
   auto op = std::make_shared<std::string>();
   cmd->add_option("op", *op, "Which op: moe | attention | indexer")->required();
+  cmd->footer(
+      "Each table times CUDA-graph replays over rotating weights/caches and reports % of the\n"
+      "device-to-device copy bandwidth measured in the same run. Environment variables narrow a run:\n"
+      "  moe:       DSV4_MOE_BENCH_TOKENS=1,4,16        token counts (default 1,4,16,64,256,1024,8192)\n"
+      "             DSV4_MOE_BENCH_PATH=decode,batched  kernel paths instead of the dispatcher's choice\n"
+      "                                                 (stream, decode, batched, w4a8)\n"
+      "             DSV4_MOE_BENCH_FORMAT=mxfp4|nvfp4   one expert format (default both)\n"
+      "  attention: DSV4_ATTN_BENCH_SHAPES=1x1,128x2    batch x s_q\n"
+      "             DSV4_ATTN_BENCH_VARIANTS=separate   substrings of the variant names\n"
+      "  indexer:   DSV4_INDEXER_BENCH_SHAPES=1x16384x512  batch x keys x k");
   cmd->callback([op] {
 #ifdef DSV4_HAVE_CUDA
     bench::run_op_benchmark(*op);
