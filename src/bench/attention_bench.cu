@@ -106,18 +106,21 @@ void bench_shapes(const std::vector<Shape>& shapes, double copy_gbs, Table& tabl
       a.num_queries = T;
       return a;
     };
-    struct Variant { std::string name; int hpc, block, warps; bool split, fused; };
+    using K = cuda::SparseMlaKernel;
+    struct Variant { std::string name; int hpc, block, warps; bool split, fused; K kernel; };
     const std::string sep = "split-KV, separate combine kernel";
-    std::vector<Variant> variants = {{"split-KV, fused combine", 0, 0, 0, true, true},
-                                     {sep, 0, 0, 0, true, false},
-                                     {sep, 64, 64, 2, true, false},
-                                     {"unsplit baseline (CTA per query × 64 heads)", 64, 64, 4, false, false}};
+    std::vector<Variant> variants = {{"split-KV, fused combine", 0, 0, 0, true, true, K::MmaSync},
+                                     {sep + " (auto)", 0, 0, 0, true, false, K::Auto},
+                                     {sep, 64, 64, 2, true, false, K::MmaSync},
+                                     {sep, 64, 64, 4, true, false, K::MmaSync},
+                                     {"unsplit baseline (CTA per query × 64 heads)", 64, 64, 4, false, false, K::MmaSync}};
+    if (cuda::sparse_mla_wgmma_available())
+      variants.insert(variants.begin() + 4, {sep + ", wgmma", 0, 0, 0, true, false, K::Wgmma});
     if (s.batch == 1)  // the tile shapes the auto choice picks among
-      variants.insert(variants.begin() + 3, {{sep, 16, 32, 4, true, false},
-                                             {sep, 32, 32, 4, true, false},
-                                             {sep, 32, 32, 2, true, false},
-                                             {sep, 64, 32, 4, true, false},
-                                             {sep, 64, 64, 4, true, false}});
+      variants.insert(variants.begin() + 2, {{sep, 16, 32, 4, true, false, K::MmaSync},
+                                             {sep, 32, 32, 4, true, false, K::MmaSync},
+                                             {sep, 32, 32, 2, true, false, K::MmaSync},
+                                             {sep, 64, 32, 4, true, false, K::MmaSync}});
     double baseline_us = 0;
     std::vector<std::vector<std::string>> rows;
     for (const Variant& v : variants) {
@@ -130,6 +133,7 @@ void bench_shapes(const std::vector<Shape>& shapes, double copy_gbs, Table& tabl
       shape.row_group_warps = v.warps;
       shape.split_kv = v.split;
       shape.fused_combine = v.fused;
+      shape.kernel = v.kernel;
       cuda::SparseMlaPlan plan(shape);
       cuda::Stream st;
       plan.compute(nullptr, T, stride, st.get());
@@ -143,8 +147,10 @@ void bench_shapes(const std::vector<Shape>& shapes, double copy_gbs, Table& tabl
       const int64_t busy = v.split ? (units + per - 1) / per : plan.grid_ctas();
       if (!v.split) baseline_us = us;
       rows.push_back({s.name,
-                      v.name + fmt::format(" [{} heads × {} entries/CTA, {} warps/16 heads{}]", plan.heads_per_cta(),
-                                           plan.block_entries(), plan.row_group_warps(), v.hpc == 0 ? ", auto" : ""),
+                      v.name + (plan.wgmma() ? fmt::format(" [wgmma: 64 heads × 64 entries/CTA, 3 warpgroups]")
+                                             : fmt::format(" [mma.sync: {} heads × {} entries/CTA, {} warps/16 heads]",
+                                                           plan.heads_per_cta(), plan.block_entries(),
+                                                           plan.row_group_warps())),
                       std::to_string(s.batch),
                       std::to_string(s.s_q), std::to_string(stride), fmt::format("{:.2f}", us),
                       fmt::format("{:.2f} MB", bytes_per_call / 1e6), fmt::format("{:.0f}", bytes_per_call / us / 1e3),

@@ -35,6 +35,7 @@ struct Case {
   int row_group_warps = 0;
   bool split = true;
   bool fused_combine = false;  // the default path; the fused one runs where a test says so
+  SparseMlaKernel kernel = SparseMlaKernel::MmaSync;  // the wgmma kernel runs in its own tests
   SparseMlaCompressed set = SparseMlaCompressed::None;
   int ratio = 4;
   int topk = 512;
@@ -192,6 +193,7 @@ double run_case(const Case& c) {
   shape.row_group_warps = c.row_group_warps;
   shape.split_kv = c.split;
   shape.fused_combine = c.fused_combine;
+  shape.kernel = c.kernel;
   SparseMlaPlan plan(shape);
   SparseMlaArgs a;
   a.q = d_q.get();
@@ -235,9 +237,9 @@ double run_case(const Case& c) {
   }
   EXPECT_EQ(bad, 0);
   const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
-  std::printf("  T=%d heads=%d hpc=%d block=%d split=%d fused=%d stride=%d: rel L2 %.3g, max abs %.3g\n", T,
-              c.n_heads, plan.heads_per_cta(), plan.block_entries(), int(c.split), int(c.fused_combine), stride, rel,
-              max_abs);
+  std::printf("  T=%d heads=%d hpc=%d block=%d split=%d fused=%d %s stride=%d: rel L2 %.3g, max abs %.3g\n", T,
+              c.n_heads, plan.heads_per_cta(), plan.block_entries(), int(c.split), int(c.fused_combine),
+              plan.wgmma() ? "wgmma" : "mma.sync", stride, rel, max_abs);
   EXPECT_LE(rel, 1e-2);
   return rel;
 }
@@ -346,6 +348,60 @@ TEST(SparseMlaGpu, CudaGraphReplay) {
   run_case(c);
 }
 
+// The sm_90a kernel (64 heads × 64-entry blocks, warp-specialised) on the cases above.
+bool wgmma_here() {
+  int device = 0, major = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&device));
+  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
+  return major == 9;
+}
+
+TEST(SparseMlaGpuWgmma, WindowCsaHcaMtpAndLargeScales) {
+  if (!wgmma_here()) GTEST_SKIP() << "the wgmma kernel runs on sm_90 only";
+  Case c;
+  c.kernel = SparseMlaKernel::Wgmma;
+  c.last_pos = {0, 5, 63, 64, 127, 128, 1000};
+  run_case(c);
+  c.set = SparseMlaCompressed::Selected;
+  c.last_pos = {3, 100, 2046, 2047, 2048, 5000, 20000};
+  run_case(c);
+  c.set = SparseMlaCompressed::All;
+  c.ratio = 128;
+  c.last_pos = {50, 127, 300, 500 * 128 - 1, 500 * 128 + 77};
+  run_case(c);
+  c.set = SparseMlaCompressed::Selected;
+  c.ratio = 4;
+  c.last_pos = {2, 130, 4000, 9000};
+  c.s_q = {4, 3, 2, 1};
+  run_case(c);
+  c.s_q.clear();
+  c.max_mag_exp = 24;
+  c.q_scale = 0.5f;
+  c.last_pos = {900, 4000};
+  run_case(c);
+}
+
+TEST(SparseMlaGpuWgmma, ManyJobsPerCtaTwoPoolsTopk2048AndGraphReplay) {
+  if (!wgmma_here()) GTEST_SKIP() << "the wgmma kernel runs on sm_90 only";
+  Case c;
+  c.kernel = SparseMlaKernel::Wgmma;
+  c.two_pools = true;
+  c.set = SparseMlaCompressed::Selected;
+  std::uniform_int_distribution<int> pos(0, 30000);
+  for (int i = 0; i < 150; ++i) c.last_pos.push_back(pos(rng()));  // > 132 jobs: CTAs walk several
+  run_case(c);
+  c.two_pools = false;
+  c.last_pos = {9000, 20000, 100};
+  c.topk = 2048;
+  c.q_scale = 6.0f;
+  run_case(c);
+  c.topk = 512;
+  c.q_scale = 2.0f;
+  c.last_pos = {5000, 60, 12000};
+  c.graph = true;
+  run_case(c);
+}
+
 TEST(SparseMlaGpuSanitizer, Small) {
   Case c;
   c.set = SparseMlaCompressed::Selected;
@@ -359,6 +415,13 @@ TEST(SparseMlaGpuSanitizer, Small) {
   run_case(c);
   c.split = false;
   run_case(c);
+  if (wgmma_here()) {
+    c.split = true;
+    c.heads_per_cta = 0;
+    c.fused_combine = false;
+    c.kernel = SparseMlaKernel::Wgmma;
+    run_case(c);
+  }
 }
 
 }  // namespace

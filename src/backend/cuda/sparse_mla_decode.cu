@@ -27,6 +27,7 @@
 #include <cmath>
 
 #include "backend/cuda/ptx_primitives.cuh"
+#include "backend/cuda/sparse_mla_kernels.cuh"
 #include "backend/kv_cache_layout.h"
 
 namespace dsv4::cuda {
@@ -35,6 +36,9 @@ int sparse_mla_ctas_per_sm(int heads_per_cta, int block_entries, int row_group_w
 
 namespace {
 
+using sparse_mla_detail::KernelParams;
+using sparse_mla_detail::dequant16;
+using sparse_mla_detail::pack_bf16;
 namespace kl = dsv4::kv_layout;
 constexpr int kD = kl::kHeadDim;     // 512
 constexpr int kRowBytes = kD * 2 + 16;        // bf16 row + 16 B: ldmatrix's 8 rows hit 8 distinct bank groups
@@ -70,16 +74,6 @@ struct Layout {
   static_assert(kWarpDims * kSplit == kD && kDimTiles % 2 == 0, "whole 16-dim steps of O per warp");
 };
 
-struct KernelParams {
-  SparseMlaArgs a;
-  SparseMlaPlan::View plan;
-  int n_heads;
-  int head_groups;
-  int jobs;
-  bool split;
-  bool fused_combine;
-};
-
 // ---- PTX wrappers ---------------------------------------------------------------------------------
 __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src_bytes) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8, %2;\n" ::"r"(dst), "l"(src), "r"(src_bytes));
@@ -87,57 +81,6 @@ __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src, int src
 // Barrier among the warps of one row group; id 0 is __syncthreads'.
 __device__ __forceinline__ void group_barrier(int row_group, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(row_group + 1), "r"(threads) : "memory");
-}
-
-__device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
-  const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);
-  return *reinterpret_cast<const uint32_t*>(&b);
-}
-// Two e4m3 (low byte first) times a power-of-two scale → bf16x2; exact (e4m3 · 2^k fits bf16).
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t two, float scale) {
-  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xffffu), __NV_E4M3);
-  const float2 f = __half22float2(__half2(h));
-  return pack_bf16(f.x * scale, f.y * scale);
-}
-__device__ __forceinline__ float e8m0_to_float(uint8_t e) {
-  return e == 0 ? __uint_as_float(0x00400000u) : __uint_as_float(uint32_t(e) << 23);
-}
-// Scale codes the fast conversion takes: 2^(code − 127 + 112) must be a normal bf16.
-__device__ __forceinline__ bool fast_scale_code(uint32_t code) { return code >= 1 && code <= 142; }
-// Fast form, 5 instructions per pair: the hardware e4m3x2 → f16x2 conversion, then f16 → bf16 by
-// moving the exponent field ((h & 0x7fff) >> 3 is the bf16 pattern of h · 2^-112, exact because an
-// e4m3 value is a normal f16 whose low 7 mantissa bits are zero; the other half's bits that the
-// shift brings in are those zero bits), then one bf16x2 multiply by folded = 2^(code − 15) in both
-// halves, also exact.
-__device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_fast(uint32_t two, uint32_t folded) {
-  const __half2_raw hr = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xffffu), __NV_E4M3);
-  const uint32_t h = uint32_t(hr.x) | (uint32_t(hr.y) << 16);
-  const uint32_t bits = ((h >> 3) & 0x0fff0fffu) | (h & 0x80008000u);
-  __nv_bfloat162 r = __hmul2(*reinterpret_cast<const __nv_bfloat162*>(&bits),
-                             *reinterpret_cast<const __nv_bfloat162*>(&folded));
-  return *reinterpret_cast<const uint32_t*>(&r);
-}
-// 16 e4m3 of one 64-dim scale group → 16 bf16 (lo: the first 8).
-__device__ __forceinline__ void dequant16(const uint4& v, uint32_t code, uint4& lo, uint4& hi) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  uint32_t o[8];
-  if (fast_scale_code(code)) {
-    const uint32_t folded = ((code + 112u) << 7) * 0x10001u;
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      o[2 * i] = e4m3x2_to_bf16x2_fast(w[i], folded);
-      o[2 * i + 1] = e4m3x2_to_bf16x2_fast(w[i] >> 16, folded);
-    }
-  } else {  // scales above 2^15 or code 0: through f32
-    const float sc = e8m0_to_float(uint8_t(code));
-#pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      o[2 * i] = e4m3x2_to_bf16x2(w[i], sc);
-      o[2 * i + 1] = e4m3x2_to_bf16x2(w[i] >> 16, sc);
-    }
-  }
-  lo = make_uint4(o[0], o[1], o[2], o[3]);
-  hi = make_uint4(o[4], o[5], o[6], o[7]);
 }
 
 // Merges the `n` partials of one job's head `hl` for the 4 dims at float4 index t:
@@ -474,24 +417,9 @@ __global__ void __launch_bounds__(Layout<kHeads, kBlock, kSplit>::kThreads, 1)
     run_piece<kHeads, kBlock, kSplit>(p, smem, job, 0, max(1, (len + kBlock - 1) / kBlock), -1);
     return;
   }
-  // The first piece comes from one load; later pieces (a range that spans jobs) from the job tables.
-  const int4 first = p.plan.cta_first_piece[blockIdx.x];
-  const int per_cta = p.plan.meta[0], total = p.plan.meta[1];
-  if (first.x < 0) return;
-  const int unit_end = min(total, (blockIdx.x + 1) * per_cta);
-  int job = first.x, begin = first.y, end = first.z, slot = first.w;
-  for (int unit = blockIdx.x * per_cta;;) {
+  sparse_mla_detail::for_each_piece(p, [&](int job, int begin, int end, int slot, bool) {
     run_piece<kHeads, kBlock, kSplit>(p, smem, job, begin, end, slot);
-    unit += end - begin;
-    if (unit >= unit_end) break;
-    ++job;  // starts at `unit`
-    const int job_start = p.plan.job_unit_start[job], job_units = p.plan.job_unit_start[job + 1] - job_start;
-    const int first_piece = p.plan.job_first_piece[job];
-    const int pieces = p.plan.job_first_piece[job + 1] - first_piece;
-    begin = 0;
-    end = min(unit_end - unit, job_units);
-    slot = pieces == 1 ? -1 : first_piece + int(blockIdx.x) - job_start / per_cta;
-  }
+  });
   }
 }
 
@@ -557,6 +485,8 @@ int sparse_mla_ctas_per_sm(int heads_per_cta, int block_entries, int row_group_w
   return with_config(heads_per_cta, block_entries, row_group_warps, [](auto config) { return config.ctas_per_sm(); });
 }
 
+bool sparse_mla_wgmma_available() { return sparse_mla_detail::sparse_mla_wgmma_supported(); }
+
 void sparse_mla_decode(const SparseMlaPlan& plan, const SparseMlaArgs& args, cudaStream_t stream) {
   const int hpc = plan.heads_per_cta();
   DSV4_CHECK(args.num_queries <= plan.shape().max_queries, "sparse MLA: {} queries > plan max {}", args.num_queries,
@@ -571,8 +501,11 @@ void sparse_mla_decode(const SparseMlaPlan& plan, const SparseMlaArgs& args, cud
                   plan.shape().fused_combine};
   kp.jobs = args.num_queries * kp.head_groups;
   const int grid = kp.split ? plan.grid_ctas() : kp.jobs;
-  with_config(hpc, plan.block_entries(), plan.row_group_warps(),
-              [&](auto config) { config.launch(grid, kp, stream); });
+  if (plan.wgmma())
+    sparse_mla_detail::sparse_mla_wgmma_launch(grid, kp, stream);
+  else
+    with_config(hpc, plan.block_entries(), plan.row_group_warps(),
+                [&](auto config) { config.launch(grid, kp, stream); });
   if (kp.split && !kp.fused_combine) {
     const int items = kp.jobs * hpc;
     const int grid = std::min((items + 1) / 2, 4 * plan.grid_ctas());

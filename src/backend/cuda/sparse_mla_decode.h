@@ -20,6 +20,10 @@
 
 namespace dsv4::cuda {
 
+// Which decode kernel runs: mma.sync (every GPU, every tile shape) or wgmma (sm_90a: 64 heads ×
+// 64-entry blocks, warp-specialised, split-KV with the separate combine).
+enum class SparseMlaKernel { Auto, MmaSync, Wgmma };
+
 // Sizes fixed when a plan is made (per batch-size bucket of a captured graph).
 struct SparseMlaShape {
   int max_queries = 1;    // query tokens per call (batch × s_q), upper bound
@@ -34,6 +38,10 @@ struct SparseMlaShape {
   // default: on the H200 the separate kernel measured 3.5–4× faster at batch 1–32 and within 5% at
   // 128 (docs/perf/2026-11-29-gpu-check.md).
   bool fused_combine = false;
+  // Auto: wgmma where it can run (an sm_90 GPU, n_heads 64, split-KV, separate combine, tile not
+  // forced to another shape) and max_queries ≥ 8; otherwise mma.sync. Forcing Wgmma where it cannot
+  // run is an error.
+  SparseMlaKernel kernel = SparseMlaKernel::Auto;
 };
 
 // The device-side schedule (FlashMLA-style metadata) and the split partials. Work unit = one block
@@ -55,6 +63,7 @@ class SparseMlaPlan {
   int block_entries() const { return block_entries_; }
   int row_group_warps() const { return row_group_warps_; }
   int grid_ctas() const { return grid_ctas_; }  // CTAs the decode kernel launches ("SMs busy" bound)
+  bool wgmma() const { return wgmma_; }          // the sm_90a kernel runs (else mma.sync)
 
   // Device state used by the kernels.
   struct View {
@@ -77,6 +86,7 @@ class SparseMlaPlan {
   int row_group_warps_ = 4;
   int grid_ctas_ = 0;
   int num_jobs_ = 0;
+  bool wgmma_ = false;
   DeviceBuffer<int32_t> meta_, job_unit_start_, job_first_piece_, job_done_;
   DeviceBuffer<int4> cta_first_piece_;
   DeviceBuffer<float> partial_acc_;
@@ -96,6 +106,9 @@ struct SparseMlaArgs {
   __nv_bfloat16* out = nullptr;          // [num_queries, n_heads, 512]
   int num_queries = 0;
 };
+
+// Whether SparseMlaKernel::Wgmma can run on this GPU (sm_90 with the sm_90a build).
+bool sparse_mla_wgmma_available();
 
 // Attention for every query token (the plan must have been computed for these lengths).
 void sparse_mla_decode(const SparseMlaPlan& plan, const SparseMlaArgs& args, cudaStream_t stream);

@@ -4,6 +4,7 @@
 
 #include "backend/cuda/ptx_primitives.cuh"
 #include "backend/cuda/sparse_mla_decode.h"
+#include "backend/cuda/sparse_mla_kernels.cuh"
 #include "backend/kv_cache_layout.h"
 
 namespace dsv4::cuda {
@@ -142,7 +143,20 @@ __global__ void build_sparse_mla_lists_kernel(SparseMlaListArgs a) {
 SparseMlaPlan::SparseMlaPlan(const SparseMlaShape& shape) : shape_(shape) {
   DSV4_CHECK(shape.n_heads == 16 || shape.n_heads == 32 || shape.n_heads == 64,
              "sparse MLA: n_heads must be 16, 32 or 64, got {}", shape.n_heads);
-  heads_per_cta_ = shape.heads_per_cta;
+  // The wgmma kernel: 64 heads × 64-entry blocks, 2 K buffers, one CTA per SM.
+  const bool wgmma_fits = shape.n_heads == 64 && shape.split_kv && !shape.fused_combine &&
+                          (shape.heads_per_cta == 0 || shape.heads_per_cta == 64) &&
+                          (shape.block_entries == 0 || shape.block_entries == 64) && shape.row_group_warps == 0;
+  if (shape.kernel == SparseMlaKernel::Wgmma) {
+    DSV4_CHECK(sparse_mla_detail::sparse_mla_wgmma_supported(),
+               "sparse MLA: the wgmma kernel needs an sm_90 GPU and a build with sm_90a");
+    DSV4_CHECK(wgmma_fits,
+               "sparse MLA: the wgmma kernel takes 64 heads in 64-head × 64-entry tiles, split-KV, separate combine");
+  }
+  wgmma_ = shape.kernel == SparseMlaKernel::Wgmma ||
+           (shape.kernel == SparseMlaKernel::Auto && wgmma_fits && shape.max_queries >= 8 &&
+            sparse_mla_detail::sparse_mla_wgmma_supported());
+  heads_per_cta_ = wgmma_ ? 64 : shape.heads_per_cta;
   if (heads_per_cta_ == 0) {
     // Small batches: smaller head groups put more CTAs on the GPU (measured on the H200 at batch 1:
     // 32 heads × 32 entries beat 16 × 32 and 64 × 32/64, docs/perf/sparse_mla_indexer.md).
@@ -151,7 +165,7 @@ SparseMlaPlan::SparseMlaPlan(const SparseMlaShape& shape) : shape_(shape) {
   heads_per_cta_ = std::min(heads_per_cta_, shape.n_heads);
   DSV4_CHECK(heads_per_cta_ == 16 || heads_per_cta_ == 32 || heads_per_cta_ == 64,
              "sparse MLA: heads_per_cta must be 16, 32 or 64");
-  block_entries_ = shape.block_entries ? shape.block_entries : shape.max_queries >= 8 ? 64 : 32;
+  block_entries_ = wgmma_ ? 64 : shape.block_entries ? shape.block_entries : shape.max_queries >= 8 ? 64 : 32;
   DSV4_CHECK(block_entries_ == 32 || block_entries_ == 64, "sparse MLA: block_entries must be 32 or 64, got {}",
              block_entries_);
   // The fused combine is compiled only into the 2-warp form (the 4-warp form has no registers to spare).
@@ -161,7 +175,7 @@ SparseMlaPlan::SparseMlaPlan(const SparseMlaShape& shape) : shape_(shape) {
   DSV4_CHECK(!shape.fused_combine || row_group_warps_ == 2, "sparse MLA: the fused combine needs row_group_warps 2");
   // Also sets the kernel's smem limit. Where the tile does not fit (sm_120: ~99 KB per block), fall
   // back to 32-entry blocks, then to smaller head groups.
-  int ctas_per_sm = sparse_mla_ctas_per_sm(heads_per_cta_, block_entries_, row_group_warps_);
+  int ctas_per_sm = wgmma_ ? 1 : sparse_mla_ctas_per_sm(heads_per_cta_, block_entries_, row_group_warps_);
   if (ctas_per_sm == 0 && shape.block_entries == 0 && block_entries_ == 64)
     ctas_per_sm = sparse_mla_ctas_per_sm(heads_per_cta_, block_entries_ = 32, row_group_warps_);
   while (ctas_per_sm == 0 && shape.heads_per_cta == 0 && heads_per_cta_ > 16)
