@@ -47,7 +47,9 @@ constexpr int kRowMax = kAlpha + 256, kRowSum = kRowMax + 256;  // [64] f32 each
 constexpr int kValid = kRowSum + 256;    // [2 buffers][8 producer warps] u32
 constexpr int kIds = kValid + 64;        // [4 blocks][256 producer threads] i32: entry-id ring
 constexpr int kCodes = kIds + 4 * 1024;  // [2 blocks][256 producer threads] 8 bytes: scale-code ring
-constexpr int kBars = kCodes + 2 * 2048;  // mbarriers
+constexpr int kRing = 4;                 // raw pieces in flight per producer thread
+constexpr int kRaw = kCodes + 2 * 2048;  // [kRing][256 producer threads] 16 bytes: raw piece ring
+constexpr int kBars = kRaw + kRing * kProducers * 16;  // mbarriers
 enum : int { kKvFull = 0, kKvEmpty = 2, kQFull = 4, kQEmpty = 5, kNumBars = 6 };
 constexpr int kSmemBytes = kBars + 8 * kNumBars + 1024;  // + slack for the alignment
 // Named barriers (0 is __syncthreads'): P stored, P consumed, the piece's row maxima and sums stored.
@@ -104,14 +106,6 @@ __device__ __forceinline__ void bar_sync(int id) { asm volatile("bar.sync %0, 25
 __device__ __forceinline__ void bar_arrive(int id) { asm volatile("bar.arrive %0, 256;\n" ::"r"(id) : "memory"); }
 __device__ __forceinline__ void cp_async8(uint32_t dst, const void* src) {
   asm volatile("cp.async.ca.shared.global [%0], [%1], 8;\n" ::"r"(dst), "l"(src) : "memory");
-}
-__device__ __forceinline__ uint4 ld_stream_v4(const void* p) {
-  uint4 v;
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];\n"
-               : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w)
-               : "l"(p)
-               : "memory");  // keeps the tile stores of earlier pieces before it (register pressure)
-  return v;
 }
 __device__ __forceinline__ void prefetch_l2(const void* p) { asm volatile("prefetch.global.L2 [%0];\n" ::"l"(p)); }
 __device__ __forceinline__ void st_shared_u32(uint32_t addr, uint32_t v) {
@@ -212,40 +206,37 @@ __device__ __forceinline__ void producer_role(const KernelParams& p, uint32_t sm
       }
       cp_async_commit();
     }
+    // The raw pieces stream through a private ring of kRing 16-byte slots per thread in shared memory
+    // (cp.async, no registers held): piece n of the job's blocks (block n / 9, piece n % 9) is
+    // converted while pieces n + 1 … n + kRing − 1 are in flight, and its slot is refilled with
+    // piece n + kRing, of the next block when needed. One cp.async group per piece (ids, codes and q
+    // ride in the group of the piece issued after them), so cp.async.wait_group kRing − 1 means
+    // "piece n has landed".
+    auto issue_piece = [&](const uint8_t* piece_src, int i, int n) {
+      const uint32_t dst = smem + kRaw + ((n % kRing) * kProducers + t) * 16;
+      if (piece_src)
+        cp_async16(dst, piece_src + 64 * i + 16 * quarter);
+      else
+        cp_async16(dst, list, 0);  // zero-filled
+      cp_async_commit();
+    };
     cp_async_wait<1>();  // the first ids (q may still be in flight)
     const int32_t id_first = entry_id(begin);
     const uint8_t* src = entry_src(begin, id_first);
     issue_codes(src, id_first, it & 1);
-    cp_async_commit();
-    for (int block = begin; block < end; ++block, ++it) {
-      // Groups of kGroup pieces; a group's loads are in flight while the group before is converted
-      // (the first group's before the buffer is free).
-      constexpr int kGroup = 2, kGroups = (9 + kGroup - 1) / kGroup;
-      uint4 raw[2][kGroup];
-      auto load_group = [&](int group) {
-        uint4(&r)[kGroup] = raw[group & 1];
-        if (src) {
 #pragma unroll
-          for (int k = 0; k < kGroup; ++k)
-            if (kGroup * group + k < 9) r[k] = ld_stream_v4(src + 64 * (kGroup * group + k) + 16 * quarter);
-        } else {
-#pragma unroll
-          for (int k = 0; k < kGroup; ++k) r[k] = make_uint4(0, 0, 0, 0);
-        }
-      };
-      load_group(0);
-      cp_async_wait_all();  // ids and codes issued a block ago (q at the piece's first block)
-      if (block == begin) {
-        fence_proxy_async();  // q is read by the tensor cores
-        mbar_arrive(bar(kQFull));
-        ++piece_no;
-      }
+    for (int n = 0; n < kRing; ++n) issue_piece(src, n, n);
+    cp_async_wait<kRing>();  // q (the pieces may still be in flight)
+    fence_proxy_async();     // q is read by the tensor cores
+    mbar_arrive(bar(kQFull));
+    ++piece_no;
+    int n0 = 0;  // the job's pieces before this block
+    for (int block = begin; block < end; ++block, ++it, n0 += 9) {
       const int32_t id_next = entry_id(block + 1), id_after = entry_id(block + 2);
       const uint8_t* const src_next = entry_src(block + 1, id_next);
       if (block == begin) prefetch_entry(src_next, id_next);
       issue_codes(src_next, id_next, (it + 1) & 1);
-      issue_id(block + 3);
-      cp_async_commit();
+      issue_id(block + 3);  // (both ride in the next piece's group)
       prefetch_entry(entry_src(block + 2, id_after), id_after);
       if (!last_piece && block == max(begin, end - 2)) {
         const uint8_t* q_next = reinterpret_cast<const uint8_t*>(a.q + size_t(query + 1) * kHeads * kD) + t * 128;
@@ -255,49 +246,45 @@ __device__ __forceinline__ void producer_role(const KernelParams& p, uint32_t sm
       const int buf = it & 1;
       if (it >= 2) mbar_wait(bar(kKvEmpty + buf), ((it >> 1) - 1) & 1);
       const uint32_t kv = smem + kKv + buf * kTileBytes + row_off;
+      cp_async_wait<kRing - 1>();  // this block's codes and first piece
       uint2 codes = make_uint2(0, 0);
       if (src) {
         const uint32_t at = smem + kCodes + (it & 1) * 2048 + t * 8;
         codes = make_uint2(ld_shared_u32(at), ld_shared_u32(at + 4));
       }
       // The scale codes decide the conversion once per entry, so that the pieces' conversions have no
-      // branch between them and interleave.
+      // branch between them.
       bool fast = true;  // (a missing entry converts zeros: any code will do)
 #pragma unroll
       for (int k = 0; k < kl::kNumScales; ++k)
         fast = fast && fast_scale_code((k < 4 ? codes.x >> (8 * k) : codes.y >> (8 * (k - 4))) & 0xffu);
       fast = fast || !src;
-      auto convert = [&](int group, auto fast_form) {
-#pragma unroll
-        for (int k = 0; k < kGroup; ++k) {
-          const int i = kGroup * group + k;
-          const uint4& v = raw[group & 1][k];
-          if (i >= 9) {
-          } else if (i < kl::kNopeDim / 64) {
-            const uint32_t code = (i < 4 ? codes.x >> (8 * i) : codes.y >> (8 * (i - 4))) & 0xffu;
-            uint4 lo, hi;
-            if constexpr (decltype(fast_form)::value)
-              dequant16_fast(v, code, lo, hi);
-            else
-              dequant16_f32(v, code, lo, hi);
-            const uint32_t chunk = kv + i * kChunkBytes;
-            sts(chunk + (sw << 4), lo);
-            sts(chunk + ((1 ^ sw) << 4), hi);
-          } else {  // rope pieces 28 + 4(i − 7) + quarter: chunk 4(i − 7) + quarter of the last group
-            sts(kv + 7 * kChunkBytes + (((4 * (i - 7)) ^ sw_rope) << 4), v);
-          }
+      auto convert = [&](int i, const uint4& v) {
+        if (i < kl::kNopeDim / 64) {
+          const uint32_t code = (i < 4 ? codes.x >> (8 * i) : codes.y >> (8 * (i - 4))) & 0xffu;
+          uint4 lo, hi;
+          if (fast)
+            dequant16_fast(v, code, lo, hi);
+          else
+            dequant16_f32(v, code, lo, hi);
+          const uint32_t chunk = kv + i * kChunkBytes;
+          sts(chunk + (sw << 4), lo);
+          sts(chunk + ((1 ^ sw) << 4), hi);
+        } else {  // rope pieces 28 + 4(i − 7) + quarter: chunk 4(i − 7) + quarter of the last group
+          sts(kv + 7 * kChunkBytes + (((4 * (i - 7)) ^ sw_rope) << 4), v);
         }
       };
-      auto convert_group = [&](int group) {
-        if (fast)
-          convert(group, std::true_type{});
-        else
-          convert(group, std::false_type{});
-      };
 #pragma unroll
-      for (int group = 0; group < kGroups; ++group) {
-        if (group + 1 < kGroups) load_group(group + 1);
-        convert_group(group);
+      for (int i = 0; i < 9; ++i) {
+        const int n = n0 + i;
+        if (i > 0) cp_async_wait<kRing - 1>();
+        const uint4 v = ld_shared_v4(smem + kRaw + ((n % kRing) * kProducers + t) * 16);
+        convert(i, v);
+        // Refill the slot: piece i + kRing of this block, or of the next (none past the job's end).
+        if (i + kRing < 9)
+          issue_piece(src, i + kRing, n + kRing);
+        else
+          issue_piece(block + 1 < end ? src_next : nullptr, i + kRing - 9, n + kRing);
       }
       // Valid entries as one ballot word per producer warp (bit 4·(e % 8) for entry e).
       const uint32_t valid = __ballot_sync(0xffffffffu, src != nullptr);
