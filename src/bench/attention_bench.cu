@@ -147,7 +147,7 @@ void bench_shapes(const std::vector<Shape>& shapes, double copy_gbs, Table& tabl
       const int64_t busy = v.split ? (units + per - 1) / per : plan.grid_ctas();
       if (!v.split) baseline_us = us;
       rows.push_back({s.name,
-                      v.name + (plan.wgmma() ? fmt::format(" [wgmma: 64 heads × 64 entries/CTA, 3 warpgroups]")
+                      v.name + (plan.wgmma() ? std::string(" [wgmma: 64 heads × 64 entries/CTA, 4 warpgroups]")
                                              : fmt::format(" [mma.sync: {} heads × {} entries/CTA, {} warps/16 heads]",
                                                            plan.heads_per_cta(), plan.block_entries(),
                                                            plan.row_group_warps())),

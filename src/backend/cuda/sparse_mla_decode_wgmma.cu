@@ -2,19 +2,22 @@
 // mma.sync kernel (sparse_mla_decode.cu), for 64 heads × 64-entry blocks, with the phases of a block
 // overlapped by warp specialisation and the products on wgmma.
 //
-// One CTA per SM, three warpgroups:
-//   2 (producer): per block, loads the 64 raw entries (the first half of each into registers before
-//     a K buffer is free, the second half prefetched into L2 meanwhile), dequantises FP8 → bf16 into
-//     the buffer and marks it full (mbarrier); at the start of each piece it also copies the job's q
-//     (cp.async).
+// One CTA per SM, four warpgroups:
+//   2 and 3 (producers, thread t: entry t / 4 of a block, a quarter of its 16-byte pieces): entry
+//     ids and scale codes come through small shared rings (cp.async, ahead of use), the raw entries
+//     through a 4-slot cp.async ring per thread, with the lines of the blocks ahead prefetched into
+//     L2; each thread dequantises FP8 → bf16 into the free K buffer, and the block's buffer is marked
+//     full (mbarrier). At the start of each piece they also copy the job's q.
 //   0 (softmax): S = Q · Kᵀ (m64n64k16, 32 steps), mask, scale, online softmax in f32 with the
 //     block's row maxima (each row's 64 scores sit in one quad), P rounded to bf16, which it keeps in
 //     registers for its own O[:, 0:256] += P · V (register-A wgmma) and stores for warpgroup 1.
 //   1: O[:, 256:512] += P · V from the stored P, after rescaling by the block's factors.
 // The K tile serves as V without a copy: stored [64-dim chunk][entry][128 B] with the 128-byte
 // swizzle, it is K-major for Q · Kᵀ and MN-major (dims contiguous) for P · V.
-// Two K buffers: the producer fills one while the consumers use the other, and warpgroup 1's P · V
-// of a block overlaps warpgroup 0's Q · Kᵀ of the next.
+// Two K buffers: the producers fill one while the consumers use the other, and warpgroup 1's P · V
+// of a block overlaps warpgroup 0's Q · Kᵀ of the next. What limits it on the H200 is the
+// producers' dequantisation (issue and memory latency with 8 warps), not the tensor cores
+// (docs/perf/sparse_mla_indexer.md, series 5).
 #include <cuda_bf16.h>
 
 #include <cmath>
