@@ -39,7 +39,7 @@ struct SparseMlaShape {
   // 128 (docs/perf/2026-11-29-gpu-check.md).
   bool fused_combine = false;
   // Auto: wgmma where it can run (an sm_90 GPU, n_heads 64, split-KV, separate combine, tile not
-  // forced to another shape) and max_queries ≥ 8; otherwise mma.sync. Forcing Wgmma where it cannot
+  // forced to another shape) and max_queries ≥ 2; otherwise mma.sync. Forcing Wgmma where it cannot
   // run is an error.
   SparseMlaKernel kernel = SparseMlaKernel::Auto;
 };

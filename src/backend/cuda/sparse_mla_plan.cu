@@ -153,8 +153,11 @@ SparseMlaPlan::SparseMlaPlan(const SparseMlaShape& shape) : shape_(shape) {
     DSV4_CHECK(wgmma_fits,
                "sparse MLA: the wgmma kernel takes 64 heads in 64-head × 64-entry tiles, split-KV, separate combine");
   }
+  // Auto from 2 queries: on the H200 the wgmma kernel measured 12.0 µs against 13.0 (mma.sync, 32 heads
+  // × 32 entries) at 2 queries and 16.3 against 19.9 at 8; at 1 query both are ~11.8 µs
+  // (docs/perf/2026-11-30-sparse-mla-wgmma.md).
   wgmma_ = shape.kernel == SparseMlaKernel::Wgmma ||
-           (shape.kernel == SparseMlaKernel::Auto && wgmma_fits && shape.max_queries >= 8 &&
+           (shape.kernel == SparseMlaKernel::Auto && wgmma_fits && shape.max_queries >= 2 &&
             sparse_mla_detail::sparse_mla_wgmma_supported());
   heads_per_cta_ = wgmma_ ? 64 : shape.heads_per_cta;
   if (heads_per_cta_ == 0) {
