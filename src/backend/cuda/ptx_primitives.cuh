@@ -113,6 +113,21 @@ __device__ __forceinline__ void bulk_copy_g2s(uint32_t dst, const void* src, uin
                : "memory");
 }
 
+// wgmma (sm_90a only; callers compile these under __CUDA_ARCH_FEAT_SM90_ALL): the fence before a
+// batch that reads registers written since the last one, the group commit and the wait for all groups.
+__device__ __forceinline__ void wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;\n" ::: "memory"); }
+__device__ __forceinline__ void wgmma_wait_all() { asm volatile("wgmma.wait_group.sync.aligned 0;\n" ::: "memory"); }
+// Keeps the compiler from moving accesses of accumulators d across the asynchronous wgmma window.
+template <int N>
+__device__ __forceinline__ void fence_operands(float (&d)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) asm volatile("" : "+f"(d[i])::"memory");
+}
+// Orders this thread's generic-proxy shared-memory accesses with later async-proxy ones (wgmma
+// operands, bulk copies) — sm_90 and later.
+__device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.async.shared::cta;\n" ::: "memory"); }
+
 // Programmatic dependent launch (see launch_programmatic in cuda_utils.h). Both are no-ops when the
 // kernel was launched normally.
 // Waits until the grids this one depends on have completed and their writes are visible.
