@@ -21,7 +21,8 @@ void add_bench_ops_command(CLI::App& app) {
       "                                                 (stream, decode, batched, w4a8)\n"
       "             DSV4_MOE_BENCH_FORMAT=mxfp4|nvfp4   one expert format (default both)\n"
       "  attention: DSV4_ATTN_BENCH_SHAPES=1x1,128x2    batch x s_q\n"
-      "             DSV4_ATTN_BENCH_VARIANTS=separate   substrings of the variant names\n"
+      "             DSV4_ATTN_BENCH_VARIANTS=wgmma      substrings of the variant names (fused,\n"
+      "                                                 separate, wgmma, unsplit)\n"
       "  indexer:   DSV4_INDEXER_BENCH_SHAPES=1x16384x512  batch x keys x k");
   cmd->callback([op] {
 #ifdef DSV4_HAVE_CUDA
