@@ -349,12 +349,7 @@ TEST(SparseMlaGpu, CudaGraphReplay) {
 }
 
 // The sm_90a kernel (64 heads × 64-entry blocks, warp-specialised) on the cases above.
-bool wgmma_here() {
-  int device = 0, major = 0;
-  DSV4_CUDA_CHECK(cudaGetDevice(&device));
-  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device));
-  return major == 9;
-}
+bool wgmma_here() { return sparse_mla_wgmma_available(); }
 
 TEST(SparseMlaGpuWgmma, WindowCsaHcaMtpAndLargeScales) {
   if (!wgmma_here()) GTEST_SKIP() << "the wgmma kernel runs on sm_90 only";

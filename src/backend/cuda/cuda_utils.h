@@ -29,6 +29,26 @@ inline int device_attribute(cudaDeviceAttr attr) {
   return v;
 }
 
+// Whether the current device is an sm_90 GPU running the sm_90a code of every given kernel (the
+// Hopper-only paths: wgmma, setmaxnreg; their bodies are empty in the other architectures' code).
+template <typename... Kernels>
+bool runs_sm90a_code(Kernels... kernels) {
+  int device = 0, major = 0, minor = 0;
+  if (cudaGetDevice(&device) != cudaSuccess) return false;
+  if (cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device) != cudaSuccess ||
+      cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device) != cudaSuccess)
+    return false;
+  auto sm90a = [](auto kernel) {
+    cudaFuncAttributes attr{};
+    if (cudaFuncGetAttributes(&attr, kernel) != cudaSuccess) {
+      (void)cudaGetLastError();
+      return false;
+    }
+    return attr.binaryVersion == 90;
+  };
+  return major == 9 && minor == 0 && (sm90a(kernels) && ...);
+}
+
 // Owns one device allocation.
 template <typename T>
 class DeviceBuffer {

@@ -318,27 +318,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
 #endif
 }
 
-template <bool kGateUp>
-int kernel_binary_version() {
-  cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, moe_w4a8_gemm_kernel<kGateUp>) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return attr.binaryVersion;
-}
-
 }  // namespace
 
 bool moe_w4a8_supported() {
-  static const bool supported = [] {
-    int device = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return false;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    // The kernel is built for sm_90a only: the binary picked for this device must be that one.
-    return major == 9 && minor == 0 && kernel_binary_version<true>() == 90 && kernel_binary_version<false>() == 90;
-  }();
+  static const bool supported = runs_sm90a_code(moe_w4a8_gemm_kernel<true>, moe_w4a8_gemm_kernel<false>);
   return supported;
 }
 

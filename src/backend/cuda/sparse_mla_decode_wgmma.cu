@@ -508,30 +508,12 @@ __global__ void __launch_bounds__(kThreads, 1) sparse_mla_wgmma_kernel(const Ker
 #endif
 }
 
-int kernel_binary_version() {
-  cudaFuncAttributes attr{};
-  if (cudaFuncGetAttributes(&attr, sparse_mla_wgmma_kernel) != cudaSuccess) {
-    (void)cudaGetLastError();
-    return 0;
-  }
-  return attr.binaryVersion;
-}
-
 }  // namespace
 
 bool sparse_mla_wgmma_supported() {
-  static const bool supported = [] {
-    int device = 0, major = 0, minor = 0;
-    if (cudaGetDevice(&device) != cudaSuccess) return false;
-    cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device);
-    cudaDeviceGetAttribute(&minor, cudaDevAttrComputeCapabilityMinor, device);
-    // Built for sm_90a only: the binary picked for this device must be that one.
-    return major == 9 && minor == 0 && kernel_binary_version() == 90;
-  }();
+  static const bool supported = runs_sm90a_code(sparse_mla_wgmma_kernel);
   return supported;
 }
-
-int sparse_mla_wgmma_smem_bytes() { return kSmemBytes; }
 
 void sparse_mla_wgmma_launch(int grid, const KernelParams& kp, cudaStream_t stream) {
   static const bool configured = [] {

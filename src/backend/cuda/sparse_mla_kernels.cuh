@@ -108,7 +108,6 @@ __device__ __forceinline__ void for_each_piece(const KernelParams& p, F&& piece)
 
 // The wgmma kernel (sm_90a; 64 heads × 64-entry blocks per CTA, one CTA per SM).
 bool sparse_mla_wgmma_supported();  // an sm_90 GPU running the sm_90a binary
-int sparse_mla_wgmma_smem_bytes();
 void sparse_mla_wgmma_launch(int grid, const KernelParams& kp, cudaStream_t stream);
 
 }  // namespace dsv4::cuda::sparse_mla_detail
