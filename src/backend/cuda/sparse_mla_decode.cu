@@ -83,29 +83,39 @@ __device__ __forceinline__ void group_barrier(int row_group, int threads) {
   asm volatile("bar.sync %0, %1;\n" ::"r"(row_group + 1), "r"(threads) : "memory");
 }
 
-// Merges the `n` partials of one job's head `hl` for the 4 dims at float4 index t:
+// Merges the `n` partials of one job's head `hl` over one of its kSlices dim slices, a warp per
+// slice (lane l: kDims dims from slice·512/kSlices + l·kDims):
 // o = Σ w_i acc_i / (Σ w_i l_i + exp(sink − M)), w_i = exp(m_i − M), M = max_i m_i, in one pass
-// with a running maximum (the running sums are rescaled whenever it grows). The loads of 8 pieces
-// are issued together: the merge costs a few memory latencies, not one per piece. L2 loads
-// (__ldcg): the partials come from other CTAs.
-__device__ __forceinline__ void combine_head_dims(const KernelParams& p, int heads_per_cta, int job, int first, int n,
-                                                  int hl, int t) {
-  constexpr int kBatch = 8;
+// with a running maximum (the running sums are rescaled whenever it grows). The loads of kBatch
+// pieces are issued together (a few memory latencies, not one per piece); a lane's dims share the
+// index math and the weights, which is where the merge's time went with 4 dims per thread at large
+// batch. Few jobs take more slices (more warps, more pieces per load batch), many jobs fewer.
+// L2 loads (__ldcg): the partials come from other CTAs.
+template <int kSlices>
+__device__ __forceinline__ void combine_head(const KernelParams& p, int heads_per_cta, int job, int first, int n,
+                                             int hl, int slice, int lane) {
+  constexpr int kDims = 16 / kSlices, kVecs = kDims / 4, kBatch = 4 * kSlices;
+  const int dim0 = slice * (512 / kSlices) + lane * kDims;
   const float2* ml_of = p.plan.partial_ml + size_t(first) * heads_per_cta + hl;
-  const float4* acc_of = reinterpret_cast<const float4*>(p.plan.partial_acc + (size_t(first) * heads_per_cta + hl) * 512) + t;
+  const float4* acc_of =
+      reinterpret_cast<const float4*>(p.plan.partial_acc + (size_t(first) * heads_per_cta + hl) * 512 + dim0);
   const size_t acc_stride = size_t(heads_per_cta) * 512 / 4;
   const int query = job / p.head_groups, head = (job % p.head_groups) * heads_per_cta + hl;
   const float sink = p.a.sink[head];
   float mu = -INFINITY, sum = 0.f;
-  float4 acc = make_float4(0.f, 0.f, 0.f, 0.f);
+  float acc[kDims];
+#pragma unroll
+  for (int d = 0; d < kDims; ++d) acc[d] = 0.f;
   for (int i0 = 0; i0 < n; i0 += kBatch) {
     float2 ml[kBatch];
-    float4 v[kBatch];
+    float4 v[kBatch][kVecs];
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const bool ok = i0 + j < n;
       ml[j] = ok ? __ldcg(ml_of + size_t(i0 + j) * heads_per_cta) : make_float2(-INFINITY, 0.f);
-      v[j] = ok ? __ldcg(acc_of + (i0 + j) * acc_stride) : make_float4(0.f, 0.f, 0.f, 0.f);
+#pragma unroll
+      for (int c = 0; c < kVecs; ++c)
+        v[j][c] = ok ? __ldcg(acc_of + (i0 + j) * acc_stride + c) : make_float4(0.f, 0.f, 0.f, 0.f);
     }
     float m_batch = mu;
 #pragma unroll
@@ -113,25 +123,29 @@ __device__ __forceinline__ void combine_head_dims(const KernelParams& p, int hea
     const float m_use = m_batch == -INFINITY ? 0.f : m_batch;
     const float rescale = __expf(mu - m_use);  // 0 while nothing was merged (mu = −inf)
     sum *= rescale;
-    acc.x *= rescale;
-    acc.y *= rescale;
-    acc.z *= rescale;
-    acc.w *= rescale;
+#pragma unroll
+    for (int d = 0; d < kDims; ++d) acc[d] *= rescale;
 #pragma unroll
     for (int j = 0; j < kBatch; ++j) {
       const float w = __expf(ml[j].x - m_use);  // 0 for padding and empty pieces
       sum += w * ml[j].y;
-      acc.x += w * v[j].x;
-      acc.y += w * v[j].y;
-      acc.z += w * v[j].z;
-      acc.w += w * v[j].w;
+#pragma unroll
+      for (int c = 0; c < kVecs; ++c) {
+        acc[4 * c] += w * v[j][c].x;
+        acc[4 * c + 1] += w * v[j][c].y;
+        acc[4 * c + 2] += w * v[j][c].z;
+        acc[4 * c + 3] += w * v[j][c].w;
+      }
     }
     mu = m_batch;
   }
   const float m_final = mu == -INFINITY ? 0.f : mu;
   const float inv = 1.f / (sum + __expf(sink - m_final));
-  const uint2 packed = make_uint2(pack_bf16(acc.x * inv, acc.y * inv), pack_bf16(acc.z * inv, acc.w * inv));
-  reinterpret_cast<uint2*>(p.a.out + (size_t(query) * p.n_heads + head) * 512)[t] = packed;
+  uint2* dst = reinterpret_cast<uint2*>(p.a.out + (size_t(query) * p.n_heads + head) * 512 + dim0);
+#pragma unroll
+  for (int k = 0; k < kDims / 4; ++k)
+    dst[k] = make_uint2(pack_bf16(acc[4 * k] * inv, acc[4 * k + 1] * inv),
+                        pack_bf16(acc[4 * k + 2] * inv, acc[4 * k + 3] * inv));
 }
 
 // ---- One piece: job × [block_begin, block_end) --------------------------------------------------
@@ -381,8 +395,7 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
       if (is_last) {
         __threadfence();
         const int first = p.plan.job_first_piece[job], n = p.plan.job_first_piece[job + 1] - first;
-        for (int i = tid; i < kHeads * (kD / 4); i += L::kThreads)
-          combine_head_dims(p, kHeads, job, first, n, i / (kD / 4), i % (kD / 4));
+        for (int h = warp; h < kHeads; h += L::kThreads / 32) combine_head<1>(p, kHeads, job, first, n, h, 0, lane);
         if (tid == 0) p.plan.job_done[job] = 0;  // ready for the next launch (graph replays)
       }
     }
@@ -424,19 +437,20 @@ __global__ void __launch_bounds__(Layout<kHeads, kBlock, kSplit>::kThreads, 1)
 }
 
 // Merges the partials of every job cut between CTAs: o = Σ w_i acc_i / (Σ w_i l_i + exp(sink − M)),
-// w_i = exp(m_i − M). 128 threads per (job, head), 4 dims each.
+// w_i = exp(m_i − M). One warp per (job, head, dim slice); the grid is sized to be resident at once.
+template <int kSlices>
 __global__ void sparse_mla_combine_kernel(const KernelParams p, int heads_per_cta) {
   pdl_wait();  // the decode kernel's partials
   pdl_launch_dependents();
   // No job cut between CTAs (as many pieces as jobs): nothing to merge. Without this exit every
-  // thread would walk its share of the jobs, one dependent table load per item (~5 µs at 256 jobs).
+  // warp would walk its share of the jobs, one dependent table load per item (~5 µs at 256 jobs).
   if (p.plan.job_first_piece[p.jobs] == p.jobs) return;
-  const int items = p.jobs * heads_per_cta;
-  const int per_block = blockDim.x / 128;
-  for (int item = blockIdx.x * per_block + threadIdx.x / 128; item < items; item += gridDim.x * per_block) {
-    const int job = item / heads_per_cta;
+  const int per_job = heads_per_cta * kSlices, items = p.jobs * per_job;
+  const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
+  for (int item = blockIdx.x * warps + threadIdx.x / 32; item < items; item += gridDim.x * warps) {
+    const int job = item / per_job, rest = item % per_job;
     const int first = p.plan.job_first_piece[job], n = p.plan.job_first_piece[job + 1] - first;
-    if (n > 1) combine_head_dims(p, heads_per_cta, job, first, n, item % heads_per_cta, threadIdx.x % 128);
+    if (n > 1) combine_head<kSlices>(p, heads_per_cta, job, first, n, rest / kSlices, rest % kSlices, lane);
   }
 }
 
@@ -510,9 +524,13 @@ void sparse_mla_decode(const SparseMlaPlan& plan, const SparseMlaArgs& args, cud
     with_config(hpc, plan.block_entries(), plan.row_group_warps(),
                 [&](auto config) { config.launch(grid, kp, stream); });
   if (kp.split && !kp.fused_combine) {
-    const int items = kp.jobs * hpc;
-    const int grid = std::min((items + 1) / 2, 4 * plan.grid_ctas());
-    launch_programmatic(sparse_mla_combine_kernel, dim3(grid), dim3(256), 0, stream, kp, hpc);
+    // Warps of 8 pieces × 16 dims at large batch; at small batch 4 slices per head (4 dims per lane,
+    // 16 pieces per load batch), so that a handful of jobs still spreads over ~32 SMs.
+    const int heads = kp.jobs * hpc;
+    const int slices = heads <= 256 ? 4 : 1;
+    const int grid = std::min((heads * slices + 7) / 8, 2 * plan.grid_ctas());  // 8 warps per CTA
+    launch_programmatic(slices == 4 ? sparse_mla_combine_kernel<4> : sparse_mla_combine_kernel<1>, dim3(grid),
+                        dim3(256), 0, stream, kp, hpc);
   }
 }
 

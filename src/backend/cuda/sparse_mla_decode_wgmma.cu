@@ -161,9 +161,12 @@ __device__ __forceinline__ void producer_role(const KernelParams& p, uint32_t sm
     // Entry ids and scale codes go through small shared rings filled by cp.async (each thread copies
     // and reads its own), ids three blocks ahead and codes one: a value loaded into a register and
     // carried to the next block would be waited for where the compiler rotates the registers.
+    // The ids are copied without waiting for the list length (inside the list's row, the length
+    // load overlaps the copies) and masked by it when read.
     auto id_valid = [&](int block) { return block < end && block * kBlock + e < len; };
     auto issue_id = [&](int block) {
-      if (id_valid(block)) cp_async4(smem + kIds + (block % 4) * 1024 + t * 4, list + block * kBlock + e);
+      if (block < end && block * kBlock + e < a.list_stride)
+        cp_async4(smem + kIds + (block % 4) * 1024 + t * 4, list + block * kBlock + e);
     };
     auto entry_id = [&](int block) -> int32_t {
       return id_valid(block) ? int32_t(ld_shared_u32(smem + kIds + (block % 4) * 1024 + t * 4)) : -1;
@@ -220,6 +223,9 @@ __device__ __forceinline__ void producer_role(const KernelParams& p, uint32_t sm
     issue_codes(src, id_first, it & 1);
 #pragma unroll
     for (int n = 0; n < kRing; ++n) issue_piece(src, n, n);
+    // The ring holds the first 4 of the thread's 9 pieces (the entry's first 256 bytes); the lines of
+    // the other 5 go to L2 now, so that a piece's start costs one memory latency, not three.
+    if (src && quarter < 3) prefetch_l2(src + 256 + 128 * quarter);
     cp_async_wait<kRing>();  // q (the pieces may still be in flight)
     fence_proxy_async();     // q is read by the tensor cores
     mbar_arrive(bar(kQFull));

@@ -86,9 +86,10 @@ __device__ __forceinline__ void dequant16(const uint4& v, uint32_t code, uint4& 
 // that spans jobs) from the job tables.
 template <typename F>
 __device__ __forceinline__ void for_each_piece(const KernelParams& p, F&& piece) {
+  // Both loads before the branch: they are independent, and a CTA's start is a chain of latencies.
   const int4 first = p.plan.cta_first_piece[blockIdx.x];
-  if (first.x < 0) return;
   const int per_cta = p.plan.meta[0], total = p.plan.meta[1];
+  if (first.x < 0) return;
   const int unit_end = min(total, int(blockIdx.x + 1) * per_cta);
   int job = first.x, begin = first.y, end = first.z, slot = first.w;
   for (int unit = blockIdx.x * per_cta;;) {
