@@ -161,9 +161,11 @@ SparseMlaPlan::SparseMlaPlan(const SparseMlaShape& shape) : shape_(shape) {
             sparse_mla_detail::sparse_mla_wgmma_supported());
   heads_per_cta_ = wgmma_ ? 64 : shape.heads_per_cta;
   if (heads_per_cta_ == 0) {
-    // Small batches: smaller head groups put more CTAs on the GPU (measured on the H200 at batch 1:
-    // 32 heads × 32 entries beat 16 × 32 and 64 × 32/64, docs/perf/sparse_mla_indexer.md).
-    heads_per_cta_ = shape.max_queries >= 8 ? 64 : 32;
+    // Small batches: smaller head groups put more CTAs on the GPU. On the H200 at 1 and 2 queries
+    // 16 heads × 32 entries beat 32 × 32 (10.5–10.6 against 11.1–11.2 µs, 11.9 against 12.6) once the
+    // combine merged many pieces cheaply (docs/perf/2026-11-30-sparse-mla-combine.md; before it 32 × 32
+    // won, docs/perf/sparse_mla_indexer.md). 3–7 queries (mma.sync only where wgmma cannot run) keep 32.
+    heads_per_cta_ = shape.max_queries >= 8 ? 64 : shape.max_queries <= 2 ? 16 : 32;
   }
   heads_per_cta_ = std::min(heads_per_cta_, shape.n_heads);
   DSV4_CHECK(heads_per_cta_ == 16 || heads_per_cta_ == 32 || heads_per_cta_ == 64,
