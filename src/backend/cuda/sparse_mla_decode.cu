@@ -437,7 +437,8 @@ __global__ void __launch_bounds__(Layout<kHeads, kBlock, kSplit>::kThreads, 1)
 }
 
 // Merges the partials of every job cut between CTAs: o = Σ w_i acc_i / (Σ w_i l_i + exp(sink − M)),
-// w_i = exp(m_i − M). One warp per (job, head, dim slice); the grid is sized to be resident at once.
+// w_i = exp(m_i − M). One warp per (job, head, dim slice), walked by a grid of at most two CTAs per
+// decode CTA.
 template <int kSlices>
 __global__ void sparse_mla_combine_kernel(const KernelParams p, int heads_per_cta) {
   pdl_wait();  // the decode kernel's partials
@@ -524,8 +525,9 @@ void sparse_mla_decode(const SparseMlaPlan& plan, const SparseMlaArgs& args, cud
     with_config(hpc, plan.block_entries(), plan.row_group_warps(),
                 [&](auto config) { config.launch(grid, kp, stream); });
   if (kp.split && !kp.fused_combine) {
-    // Warps of 8 pieces × 16 dims at large batch; at small batch 4 slices per head (4 dims per lane,
-    // 16 pieces per load batch), so that a handful of jobs still spreads over ~32 SMs.
+    // A warp per head at large batch (16 dims per lane, 4 pieces per load batch); at small batch 4
+    // slices per head (4 dims per lane, 16 pieces per load batch), so that a handful of jobs still
+    // spreads over ~32 SMs.
     const int heads = kp.jobs * hpc;
     const int slices = heads <= 256 ? 4 : 1;
     const int grid = std::min((heads * slices + 7) / 8, 2 * plan.grid_ctas());  // 8 warps per CTA
