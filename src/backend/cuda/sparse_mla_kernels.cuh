@@ -48,31 +48,28 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2_fast(uint32_t two, uint32_t
                              *reinterpret_cast<const __nv_bfloat162*>(&folded));
   return *reinterpret_cast<const uint32_t*>(&r);
 }
-// 16 e4m3 of one 64-dim scale group → 16 bf16 (lo: the first 8). The fast form needs
-// fast_scale_code(code); the f32 form takes any code.
-__device__ __forceinline__ void dequant16_fast(const uint4& v, uint32_t code, uint4& lo, uint4& hi) {
+// 16 e4m3 of one 64-dim scale group → 16 bf16 (lo: the first 8), pair by pair through `pair`
+// (two e4m3 in the low 16 bits → bf16x2). The fast form needs fast_scale_code(code); the f32 form
+// takes any code.
+template <typename Pair>
+__device__ __forceinline__ void dequant16_pairs(const uint4& v, uint4& lo, uint4& hi, Pair pair) {
   const uint32_t w[4] = {v.x, v.y, v.z, v.w};
   uint32_t o[8];
-  const uint32_t folded = ((code + 112u) << 7) * 0x10001u;
 #pragma unroll
   for (int i = 0; i < 4; ++i) {
-    o[2 * i] = e4m3x2_to_bf16x2_fast(w[i], folded);
-    o[2 * i + 1] = e4m3x2_to_bf16x2_fast(w[i] >> 16, folded);
+    o[2 * i] = pair(w[i]);
+    o[2 * i + 1] = pair(w[i] >> 16);
   }
   lo = make_uint4(o[0], o[1], o[2], o[3]);
   hi = make_uint4(o[4], o[5], o[6], o[7]);
 }
+__device__ __forceinline__ void dequant16_fast(const uint4& v, uint32_t code, uint4& lo, uint4& hi) {
+  const uint32_t folded = ((code + 112u) << 7) * 0x10001u;
+  dequant16_pairs(v, lo, hi, [folded](uint32_t two) { return e4m3x2_to_bf16x2_fast(two, folded); });
+}
 __device__ __forceinline__ void dequant16_f32(const uint4& v, uint32_t code, uint4& lo, uint4& hi) {
-  const uint32_t w[4] = {v.x, v.y, v.z, v.w};
-  uint32_t o[8];
   const float sc = e8m0_to_float(uint8_t(code));
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    o[2 * i] = e4m3x2_to_bf16x2(w[i], sc);
-    o[2 * i + 1] = e4m3x2_to_bf16x2(w[i] >> 16, sc);
-  }
-  lo = make_uint4(o[0], o[1], o[2], o[3]);
-  hi = make_uint4(o[4], o[5], o[6], o[7]);
+  dequant16_pairs(v, lo, hi, [sc](uint32_t two) { return e4m3x2_to_bf16x2(two, sc); });
 }
 __device__ __forceinline__ void dequant16(const uint4& v, uint32_t code, uint4& lo, uint4& hi) {
   if (fast_scale_code(code))
