@@ -8,10 +8,13 @@ build=${1:-build-gpu}
 cmake -S . -B "$build" -DDSV4_CUDA=ON -DCMAKE_BUILD_TYPE=Release ${DSV4_CMAKE_ARGS:-} >/dev/null
 targets=(dsv4)
 for t in tests/ops/*_gpu_test.cu; do [ -e "$t" ] && targets+=("$(basename "$t" .cu)"); done
+targets+=(golden_gpu_test)  # the golden checks through the dsv4 commands with --backend cuda
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 rm -rf gpu-bin && mkdir -p gpu-bin
 cp "$build/src/dsv4" gpu-bin/
-for t in "${targets[@]:1}"; do cp "$build/tests/ops/$t" gpu-bin/; done
+for t in "${targets[@]:1}"; do cp "$build/tests/"*/"$t" gpu-bin/; done
+# The call that carries gpu-bin/ to a GPU machine has a size limit: no symbols.
+strip gpu-bin/dsv4 gpu-bin/*_test 2>/dev/null || true
 # The machine that runs gpu-bin/ may have no git history: record what was built.
 echo "$(git rev-parse --short HEAD)$( [ -n "$(git status --porcelain --untracked-files=no)" ] && echo ' + uncommitted changes')" > gpu-bin/COMMIT
 ls -la gpu-bin

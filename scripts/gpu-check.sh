@@ -24,6 +24,18 @@ nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --f
 if [ -f "$bin/COMMIT" ]; then commit=$(cat "$bin/COMMIT"); else commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"; fi
 echo "binaries built from commit $commit" | tee -a "$out/gpu.txt"
 summary=()
+# PASS, FAIL (rc), SKIPPED (rc 77: no GPU, or every case skipped), or PASS with the number of cases
+# gtest skipped ("[  SKIPPED ] N tests, listed below:"), so that a skip never reads as a pass.
+result_of() {  # rc log
+  local skipped
+  skipped=$(grep -oE '^\[  SKIPPED \] [0-9]+ tests?, listed below' "$2" | grep -oE '[0-9]+' | head -n 1)
+  if [ "$1" = 77 ]; then echo "SKIPPED"
+  elif [ "$1" != 0 ]; then echo "FAIL ($1)"
+  elif [ -n "$skipped" ]; then echo "PASS, $skipped SKIPPED"
+  else echo "PASS"; fi
+}
+# The golden test runs the dsv4 binary and reads the fixtures from this tree, wherever it is.
+export DSV4_BINARY="$PWD/$bin/dsv4" DSV4_TEST_DATA="$PWD/tests/data" DSV4_TEST_TMP="$PWD/$out/tmp"
 for t in "$bin"/*_gpu_test; do
   [ -x "$t" ] || continue
   name=$(basename "$t")
@@ -31,12 +43,17 @@ for t in "$bin"/*_gpu_test; do
   timeout "${DSV4_TEST_TIMEOUT:-180}" "$t" >"$out/$name.log" 2>&1
   rc=$?
   secs=$((SECONDS - start))
-  summary+=("| $name | $( [ $rc = 0 ] && echo PASS || echo "FAIL ($rc)") | ${secs}s |")
+  summary+=("| $name | $(result_of "$rc" "$out/$name.log") | ${secs}s |")
   tail -n 3 "$out/$name.log"
   if command -v compute-sanitizer >/dev/null; then
     timeout "${DSV4_TEST_TIMEOUT:-180}" compute-sanitizer --tool memcheck --error-exitcode 9 "$t" --gtest_filter='*Sanitizer*' >"$out/$name.memcheck.log" 2>&1
     rc=$?
-    summary+=("| $name memcheck | $( [ $rc = 0 ] && echo CLEAN || echo "ERRORS ($rc)") | |")
+    case $rc in
+      0) memcheck=CLEAN ;;
+      77) memcheck=SKIPPED ;;
+      *) memcheck="ERRORS ($rc)" ;;
+    esac
+    summary+=("| $name memcheck | $memcheck | |")
   fi
 done
 for op in "${ops[@]}"; do

@@ -10,7 +10,8 @@
 #include <vector>
 
 #include "core/dtypes.h"
-#include "model/weights.h"
+#include "backend/cpu/sampling_reference.h"
+#include "backend/weight_types.h"
 
 namespace dsv4 {
 
@@ -32,10 +33,11 @@ struct Tensor {
 };
 
 // RoPE frequency table for one layer kind (SPEC §2.8): per rope pair i, f_i (YaRN-corrected or not).
+// `device` is the backend's copy (Backend::place_weight), set by the model.
 struct RopeTable {
   std::vector<float> inv_freq;  // rope_dim / 2
+  const float* device = nullptr;
 };
-RopeTable make_rope_table(const ModelConfig& c, bool compressed_layer);
 
 // Per-token routing decision.
 struct Routing {
@@ -62,6 +64,15 @@ class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string name() const = 0;
+
+  // Weights (DESIGN §3.3). Where this backend keeps a weight its ops read: the CPU backend reads
+  // the host copy (the checkpoint mapping) itself, the CUDA backend copies it to the device once.
+  virtual const void* place_weight(const void* host, size_t bytes) { return host; }
+  // The backend's form of a layer's routed experts, built from their host views at load (the
+  // CUDA backend repacks FP4 experts into its kernel layout); kept in w.prepared.
+  virtual void prepare_experts(MoeWeights& w, float swiglu_limit) {}
+  // Waits for the work enqueued so far (a no-op on the CPU); timing and tests use it.
+  virtual void synchronize() {}
 
   // Memory.
   virtual Tensor alloc(DType dtype, std::vector<int64_t> shape) = 0;
@@ -125,6 +136,11 @@ class Backend {
 
   // Head.
   virtual Tensor logits(const Tensor& h, const uint16_t* head, int vocab) = 0;  // f32 [T, V]
+  // One token per row of f32 logits [rows, V] with that row's parameters; counters[r] = tokens the
+  // row's sequence has generated so far (the draw's counter). cpu/sampling_reference.h defines the
+  // algorithm exactly, so every backend picks the same tokens.
+  virtual std::vector<int32_t> sample(const Tensor& logits, const std::vector<SamplingParams>& params,
+                                      const std::vector<uint64_t>& counters) = 0;
 };
 
 std::unique_ptr<Backend> make_backend(const std::string& name);  // "cpu" | "cuda"

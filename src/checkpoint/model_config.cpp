@@ -14,16 +14,6 @@ namespace dsv4 {
 
 using json = nlohmann::json;
 
-const char* weight_format_name(WeightFormat f) {
-  switch (f) {
-    case WeightFormat::BF16: return "bf16";
-    case WeightFormat::FP8_BLOCK: return "fp8 e4m3 (128x128 ue8m0 block scales)";
-    case WeightFormat::MXFP4: return "mxfp4 (e2m1 + ue8m0 per 32)";
-    case WeightFormat::NVFP4: return "nvfp4 (e2m1 + e4m3 per 16 + f32 global scale)";
-  }
-  return "?";
-}
-
 namespace {
 
 const char* json_type(const json& j) { return j.type_name(); }

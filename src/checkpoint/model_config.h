@@ -4,11 +4,10 @@
 #include <string>
 #include <vector>
 
+#include "core/weight_format.h"
+
 namespace dsv4 {
 
-// Storage format of one linear weight class.
-enum class WeightFormat { BF16, FP8_BLOCK, MXFP4, NVFP4 };
-const char* weight_format_name(WeightFormat f);
 
 struct ModelConfig {
   // Sizes (SPEC §1.1 names in comments where they differ).

@@ -19,7 +19,7 @@ LoadedModel load_model(const std::string& dir, const std::string& backend_name) 
   auto t0 = std::chrono::steady_clock::now();
   LoadedModel m;
   m.backend = make_backend(backend_name);
-  auto weights = load_model_weights(dir);
+  auto weights = load_model_weights(dir, m.backend.get());
   log_info("loaded {} ({} tensors, {:.1f} MB) in {:.2f} s", dir, weights->checkpoint->tensors().size(),
            double(weights->checkpoint->total_bytes()) / 1e6,
            std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());

@@ -68,29 +68,6 @@ void cmd_inspect(const std::string& dir) {
   }
 }
 
-// Temperature / top-p sampling over f32 logits; temperature 0 = greedy.
-int32_t sample(const float* logits, int vocab, float temperature, float top_p, std::mt19937_64& rng) {
-  int32_t best = 0;
-  for (int i = 1; i < vocab; ++i)
-    if (logits[i] > logits[best]) best = i;
-  if (temperature <= 0) return best;
-  std::vector<std::pair<float, int32_t>> p(static_cast<size_t>(vocab));
-  double sum = 0;
-  for (int i = 0; i < vocab; ++i) {
-    p[size_t(i)] = {float(std::exp(double(logits[i] - logits[best]) / temperature)), i};
-    sum += p[size_t(i)].first;
-  }
-  std::sort(p.begin(), p.end(), std::greater<>());
-  double cut = top_p * sum, acc = 0;
-  size_t n = 0;
-  while (n < p.size() && (acc < cut || n == 0)) acc += p[n++].first;
-  std::uniform_real_distribution<double> u(0, acc);
-  double r = u(rng);
-  for (size_t i = 0; i < n; ++i)
-    if ((r -= p[i].first) <= 0) return p[i].second;
-  return p[n - 1].second;
-}
-
 }  // namespace
 
 void add_model_commands(CLI::App& app) {
@@ -128,8 +105,7 @@ void add_model_commands(CLI::App& app) {
     struct Args {
       std::string model, prompt_ids, prompt, backend = "cpu";
       int n = 32;
-      float temperature = 0, top_p = 1;
-      uint64_t seed = 0;
+      SamplingParams sampling;
       bool ignore_eos = false;
     };
     auto a = std::make_shared<Args>();
@@ -137,9 +113,13 @@ void add_model_commands(CLI::App& app) {
     auto* ids_opt = cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt token ids, e.g. 1,2,3");
     cmd->add_option("--prompt", a->prompt, "Prompt text (needs tokenizer.json in the model directory)")->excludes(ids_opt);
     cmd->add_option("-n", a->n, "Tokens to generate")->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--temperature", a->temperature, "Sampling temperature (0 = greedy)")->check(CLI::Range(0.0, 100.0));
-    cmd->add_option("--top-p", a->top_p, "Nucleus sampling mass")->check(CLI::Range(0.0, 1.0));
-    cmd->add_option("--seed", a->seed, "Sampling seed");
+    cmd->add_option("--temperature", a->sampling.temperature, "Sampling temperature (0 = greedy)")
+        ->check(CLI::Range(0.0, 100.0))->capture_default_str();
+    cmd->add_option("--top-p", a->sampling.top_p, "Nucleus sampling mass (1 = off)")->check(CLI::Range(0.0, 1.0))->capture_default_str();
+    cmd->add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (0 = off)")->check(CLI::Range(0, 1 << 24))->capture_default_str();
+    cmd->add_option("--min-p", a->sampling.min_p, "Drop tokens below min-p × the top probability (0 = off)")
+        ->check(CLI::Range(0.0, 1.0))->capture_default_str();
+    cmd->add_option("--seed", a->sampling.seed, "Sampling seed")->capture_default_str();
     cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating after the end-of-sequence token");
     add_backend_option(cmd, a->backend);
     cmd->callback([a] {
@@ -153,18 +133,26 @@ void add_model_commands(CLI::App& app) {
       } else fail("give --prompt-ids or --prompt");
       if (prompt.empty()) fail("the prompt is empty");
       auto m = load_model(a->model, a->backend);
-      std::mt19937_64 rng(a->seed);
       SeqId s = m.model->new_sequence();
+      // The backend samples (no logits come back to the host); the draw counter is the index of the
+      // generated token, so a seed gives the same text on every backend.
+      auto item = [&](std::vector<int32_t> tokens, uint64_t counter) {
+        BatchItem b{s, std::move(tokens)};
+        b.return_logits = false;
+        b.sampling = a->sampling;
+        b.sample_counter = counter;
+        return b;
+      };
       auto t0 = std::chrono::steady_clock::now();
-      StepOutput out = m.model->step({{s, prompt, false}});
+      StepOutput out = m.model->step({item(prompt, 0)});
       auto t1 = std::chrono::steady_clock::now();
       std::vector<int32_t> gen;
       const int32_t eos = m.model->config().eos_token_id;
       for (int i = 0; i < a->n; ++i) {
-        int32_t next = sample(out.logits.data(), out.vocab, a->temperature, a->top_p, rng);
+        const int32_t next = out.tokens[0];
         gen.push_back(next);
         if (next == eos && !a->ignore_eos) break;
-        if (i + 1 < a->n) out = m.model->step({{s, {next}, false}});
+        if (i + 1 < a->n) out = m.model->step({item({next}, uint64_t(i + 1))});
       }
       auto t2 = std::chrono::steady_clock::now();
       double prefill = std::chrono::duration<double>(t1 - t0).count(), decode = std::chrono::duration<double>(t2 - t1).count();

@@ -14,6 +14,28 @@ struct Dsv4Model::Sequence {
   std::vector<LayerState> layers;  // main layers
 };
 
+RopeTable make_rope_table(const ModelConfig& c, bool compressed_layer) {
+  // SPEC §2.8: f32 frequencies; YaRN only for compressed layers (θ = compress_rope_theta).
+  const int dim = c.rope_dim;
+  const float base = float(compressed_layer ? c.compress_rope_theta : c.rope_theta);
+  RopeTable t;
+  t.inv_freq.resize(size_t(dim / 2));
+  for (int i = 0; i < dim / 2; ++i) t.inv_freq[size_t(i)] = 1.0f / std::pow(base, float(2 * i) / float(dim));
+  if (compressed_layer && c.original_seq_len > 0) {
+    auto corr = [&](double rot) { return dim * std::log(double(c.original_seq_len) / (rot * 2 * M_PI)) / (2 * std::log(double(base))); };
+    double lo = std::max(std::floor(corr(c.beta_fast)), 0.0);
+    double hi = std::min(std::ceil(corr(c.beta_slow)), double(dim - 1));
+    if (lo == hi) hi += 0.001;
+    for (int i = 0; i < dim / 2; ++i) {
+      float ramp = std::clamp((float(i) - float(lo)) / float(hi - lo), 0.0f, 1.0f);
+      float smooth = 1.0f - ramp;
+      float f = t.inv_freq[size_t(i)];
+      t.inv_freq[size_t(i)] = f / float(c.rope_factor) * (1.0f - smooth) + f * smooth;
+    }
+  }
+  return t;
+}
+
 namespace {
 Tensor view(const Tensor& t, std::vector<int64_t> shape) {
   Tensor v = t;
@@ -28,6 +50,8 @@ Dsv4Model::Dsv4Model(std::unique_ptr<ModelWeights> weights, Backend& backend)
   const ModelConfig& c = config();
   rope_plain_ = make_rope_table(c, false);
   rope_yarn_ = make_rope_table(c, true);
+  for (RopeTable* t : {&rope_plain_, &rope_yarn_})
+    t->device = static_cast<const float*>(backend_.place_weight(t->inv_freq.data(), t->inv_freq.size() * 4));
   for (int l = 0; l < c.total_layers(); ++l) caches_.push_back(std::make_unique<LayerCaches>(backend_));
 }
 
@@ -120,8 +144,28 @@ StepOutput Dsv4Model::step(const std::vector<BatchItem>& batch) {
   Tensor Xp = backend_.alloc(DType::BF16, {int64_t(pick.size()), c.hc_mult, c.dim});
   for (size_t i = 0; i < pick.size(); ++i) backend_.copy_rows(X, pick[i], Xp, int64_t(i), 1);
   Tensor logits = head_logits(Xp, weights_->hc_head, weights_->norm);
-  out.logits.resize(size_t(logits.numel()));
-  backend_.to_host(logits, out.logits.data());
+  // Sampling reads each sampling item's last logits row, on the backend.
+  std::vector<SamplingParams> params;
+  std::vector<uint64_t> counters;
+  std::vector<int64_t> sample_rows;
+  for (size_t i = 0; i < batch.size(); ++i)
+    if (batch[i].sampling) {
+      params.push_back(*batch[i].sampling);
+      counters.push_back(batch[i].sample_counter);
+      sample_rows.push_back(out.row_of[i] + (batch[i].all_logits ? rows.spans[i].n - 1 : 0));
+    }
+  out.tokens.assign(batch.size(), -1);
+  if (!params.empty()) {
+    Tensor last = backend_.alloc(DType::F32, {int64_t(params.size()), c.vocab_size});
+    for (size_t j = 0; j < sample_rows.size(); ++j) backend_.copy_rows(logits, sample_rows[j], last, int64_t(j), 1);
+    std::vector<int32_t> picked = backend_.sample(last, params, counters);
+    for (size_t i = 0, j = 0; i < batch.size(); ++i)
+      if (batch[i].sampling) out.tokens[i] = picked[j++];
+  }
+  if (std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.return_logits; })) {
+    out.logits.resize(size_t(logits.numel()));
+    backend_.to_host(logits, out.logits.data());
+  }
   for (size_t i = 0; i < seqs.size(); ++i) seqs[i]->pos += rows.spans[i].n;
   return out;
 }
@@ -293,7 +337,7 @@ Tensor Dsv4Model::attention(const BlockWeights& block, LayerCaches& caches, cons
 
   backend_.rope(o, hd, c.rope_dim, rows.positions, rope, true);  // de-rotate by the query position
   emit("attn_core", l, o);
-  Tensor z = backend_.grouped_out_proj(view(o, {T, int64_t(H) * hd}), w.wo_a.data(), c.o_groups, c.o_lora_rank);
+  Tensor z = backend_.grouped_out_proj(view(o, {T, int64_t(H) * hd}), w.wo_a, c.o_groups, c.o_lora_rank);
   return backend_.linear(z, w.wo_b);
 }
 

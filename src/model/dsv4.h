@@ -3,6 +3,7 @@
 #pragma once
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -14,18 +15,28 @@ namespace dsv4 {
 
 using SeqId = int32_t;
 
+// RoPE frequencies for one layer kind (SPEC §2.8): YaRN only for compressed layers.
+RopeTable make_rope_table(const ModelConfig& c, bool compressed_layer);
+
 // One sequence's part of a step: `tokens` at positions start_pos, start_pos + 1, ...
 struct BatchItem {
+  BatchItem() = default;
+  BatchItem(SeqId s, std::vector<int32_t> t, bool all = false) : seq(s), tokens(std::move(t)), all_logits(all) {}
   SeqId seq = 0;
   std::vector<int32_t> tokens;
-  bool all_logits = false;  // logits for every token (else only the last)
+  bool all_logits = false;     // logits for every token (else only the last)
+  bool return_logits = true;   // copy this item's logits rows to the host (StepOutput::logits)
+  std::optional<SamplingParams> sampling;  // sample the next token from the last row, on the backend
+  uint64_t sample_counter = 0;             // tokens this sequence has sampled so far (the draw's counter)
 };
 
 struct StepOutput {
   // f32 logits, one row per requested position, in batch order; row_of[i] = first row of item i.
+  // Empty when no item asked for them (return_logits).
   std::vector<float> logits;
   std::vector<int64_t> row_of;
   int vocab = 0;
+  std::vector<int32_t> tokens;  // per item: the sampled token, −1 where the item did not sample
 };
 
 // Rows of one step, grouped by sequence.

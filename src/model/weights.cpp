@@ -12,9 +12,12 @@ namespace dsv4 {
 namespace {
 
 // Looks tensors up by name and checks dtype and shape; remembers what was used.
+// With a backend, every bound tensor is placed in backend memory (Backend::place_weight) as it is
+// bound, and the structs point there; the routed experts keep their host views for
+// Backend::prepare_experts.
 class TensorBinder {
  public:
-  explicit TensorBinder(const Checkpoint& ckpt) : ckpt_(ckpt) {}
+  TensorBinder(const Checkpoint& ckpt, Backend* backend) : ckpt_(ckpt), backend_(backend) {}
 
   const TensorRef& get(const std::string& name, std::initializer_list<DType> dtypes, std::vector<int64_t> shape) {
     const TensorRef* t = ckpt_.find(name);
@@ -32,22 +35,42 @@ class TensorBinder {
     return *t;
   }
   bool has(const std::string& name) const { return ckpt_.has(name); }
+  const void* place(const void* host, size_t bytes) {
+    if (!backend_) return host;
+    placed_bytes_ += double(bytes);
+    return backend_->place_weight(host, bytes);
+  }
+  double placed_bytes() const { return placed_bytes_; }
+  void count_expert_bytes(const MoeWeights& m) {
+    for (const auto& e : m.experts)
+      for (const LinearWeight* l : {&e.w1, &e.w2, &e.w3})
+        placed_bytes_ += double(l->out) * double(l->in) / 2 * (1.0 + 2.0 / (l->format == WeightFormat::NVFP4 ? 16 : 32));
+  }
+  const uint8_t* placed(const TensorRef& t) { return static_cast<const uint8_t*>(place(t.data, t.nbytes)); }
   const uint16_t* bf16(const std::string& name, std::vector<int64_t> shape) {
-    return get(name, {DType::BF16}, std::move(shape)).as<uint16_t>();
+    return reinterpret_cast<const uint16_t*>(placed(get(name, {DType::BF16}, std::move(shape))));
   }
   const float* f32(const std::string& name, std::vector<int64_t> shape) {
-    return get(name, {DType::F32}, std::move(shape)).as<float>();
+    return reinterpret_cast<const float*>(placed(get(name, {DType::F32}, std::move(shape))));
   }
+  // A scalar the loader itself reads (host view, not placed).
+  float f32_scalar(const std::string& name) { return *get(name, {DType::F32}, {}).as<float>(); }
+  Backend* backend() const { return backend_; }
   const std::set<std::string>& used() const { return used_; }
 
  private:
   const Checkpoint& ckpt_;
+  Backend* backend_;
+  double placed_bytes_ = 0;
   std::set<std::string> used_;
 };
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-LinearWeight bind_linear(TensorBinder& b, const std::string& prefix, int out, int in, WeightFormat format) {
+// place = false keeps host views (routed experts, which the backend repacks; wo_a, converted first).
+LinearWeight bind_linear(TensorBinder& b, const std::string& prefix, int out, int in, WeightFormat format,
+                         bool place = true) {
+  auto data = [&](const TensorRef& t) { return place ? b.placed(t) : t.data; };
   LinearWeight l;
   l.name = prefix;
   l.format = format;
@@ -55,22 +78,22 @@ LinearWeight bind_linear(TensorBinder& b, const std::string& prefix, int out, in
   l.in = in;
   switch (format) {
     case WeightFormat::BF16:
-      l.w = b.get(prefix + ".weight", {DType::BF16}, {out, in}).data;
+      l.w = data(b.get(prefix + ".weight", {DType::BF16}, {out, in}));
       break;
     case WeightFormat::FP8_BLOCK:
-      l.w = b.get(prefix + ".weight", {DType::F8_E4M3}, {out, in}).data;
-      l.scale = b.get(prefix + ".scale", {DType::F8_E8M0}, {ceil_div(out, 128), ceil_div(in, 128)}).data;
+      l.w = data(b.get(prefix + ".weight", {DType::F8_E4M3}, {out, in}));
+      l.scale = data(b.get(prefix + ".scale", {DType::F8_E8M0}, {ceil_div(out, 128), ceil_div(in, 128)}));
       break;
     case WeightFormat::MXFP4:
       if (in % 32) fail("{}: input width {} is not a multiple of 32 (MXFP4 blocks)", prefix, in);
-      l.w = b.get(prefix + ".weight", {DType::I8, DType::U8}, {out, in / 2}).data;
-      l.scale = b.get(prefix + ".scale", {DType::F8_E8M0}, {out, in / 32}).data;
+      l.w = data(b.get(prefix + ".weight", {DType::I8, DType::U8}, {out, in / 2}));
+      l.scale = data(b.get(prefix + ".scale", {DType::F8_E8M0}, {out, in / 32}));
       break;
     case WeightFormat::NVFP4:
       if (in % 16) fail("{}: input width {} is not a multiple of 16 (NVFP4 blocks)", prefix, in);
-      l.w = b.get(prefix + ".weight", {DType::U8, DType::I8}, {out, in / 2}).data;
-      l.scale = b.get(prefix + ".weight_scale", {DType::F8_E4M3}, {out, in / 16}).data;
-      l.scale2 = *b.f32(prefix + ".weight_scale_2", {});
+      l.w = data(b.get(prefix + ".weight", {DType::U8, DType::I8}, {out, in / 2}));
+      l.scale = data(b.get(prefix + ".weight_scale", {DType::F8_E4M3}, {out, in / 16}));
+      l.scale2 = b.f32_scalar(prefix + ".weight_scale_2");
       if (b.has(prefix + ".input_scale")) b.f32(prefix + ".input_scale", {});  // static act scale: unused (FP8/bf16 activations)
       break;
   }
@@ -125,7 +148,9 @@ BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig
   a.wq_b = bind_linear(b, p + ".attn.wq_b", H * hd, c.q_lora_rank, lf);
   a.wkv = bind_linear(b, p + ".attn.wkv", hd, D, lf);
   a.kv_norm = b.bf16(p + ".attn.kv_norm.weight", {hd});
-  a.wo_a = wo_a_to_bf16(bind_linear(b, p + ".attn.wo_a", c.o_groups * c.o_lora_rank, H * hd / c.o_groups, lf));
+  a.wo_a_host = std::make_shared<std::vector<uint16_t>>(
+      wo_a_to_bf16(bind_linear(b, p + ".attn.wo_a", c.o_groups * c.o_lora_rank, H * hd / c.o_groups, lf, false)));
+  a.wo_a = static_cast<const uint16_t*>(b.place(a.wo_a_host->data(), a.wo_a_host->size() * 2));
   a.wo_b = bind_linear(b, p + ".attn.wo_b", D, c.o_groups * c.o_lora_rank, lf);
   if (blk.ratio) a.compressor = bind_compressor(b, p + ".attn.compressor", c, blk.ratio, hd, false);
   if (blk.ratio == 4) {
@@ -139,12 +164,14 @@ BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig
   m.gate = b.bf16(p + ".ffn.gate.weight", {E, D});
   if (blk.hash_routed) {
     const TensorRef& t = b.get(p + ".ffn.gate.tid2eid", {DType::I32, DType::I64}, {c.vocab_size, c.n_active_experts});
-    m.tid2eid.resize(size_t(t.numel()));
-    for (size_t i = 0; i < m.tid2eid.size(); ++i) {
+    m.hash_table_host = std::make_shared<std::vector<int32_t>>(size_t(t.numel()));
+    std::vector<int32_t>& table = *m.hash_table_host;
+    for (size_t i = 0; i < table.size(); ++i) {
       int64_t v = t.dtype == DType::I32 ? t.as<int32_t>()[i] : t.as<int64_t>()[i];
       if (v < 0 || v >= E) fail("{}.ffn.gate.tid2eid: entry {} is {}, outside [0, {})", p, i, v, E);
-      m.tid2eid[i] = int32_t(v);
+      table[i] = int32_t(v);
     }
+    m.hash_table = static_cast<const int32_t*>(b.place(table.data(), table.size() * 4));
   } else {
     m.bias = b.f32(p + ".ffn.gate.bias", {E});
   }
@@ -152,8 +179,12 @@ BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig
   m.experts.resize(size_t(E));
   for (int e = 0; e < E; ++e) {
     std::string ep = fmt::format("{}.ffn.experts.{}", p, e);
-    m.experts[size_t(e)] = {bind_linear(b, ep + ".w1", I, D, ef), bind_linear(b, ep + ".w2", D, I, ef),
-                            bind_linear(b, ep + ".w3", I, D, ef)};
+    m.experts[size_t(e)] = {bind_linear(b, ep + ".w1", I, D, ef, false), bind_linear(b, ep + ".w2", D, I, ef, false),
+                            bind_linear(b, ep + ".w3", I, D, ef, false)};
+  }
+  if (b.backend()) {
+    b.backend()->prepare_experts(m, float(c.swiglu_limit));
+    b.count_expert_bytes(m);
   }
   m.shared = {bind_linear(b, p + ".ffn.shared_experts.w1", I, D, lf), bind_linear(b, p + ".ffn.shared_experts.w2", D, I, lf),
               bind_linear(b, p + ".ffn.shared_experts.w3", I, D, lf)};
@@ -162,18 +193,23 @@ BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig
 
 }  // namespace
 
-std::unique_ptr<ModelWeights> load_model_weights(const std::string& dir) {
+std::unique_ptr<ModelWeights> load_model_weights(const std::string& dir, Backend* backend) {
   auto mw = std::make_unique<ModelWeights>();
   mw->config = load_model_config(dir);
   const ModelConfig& c = mw->config;
   mw->checkpoint = std::make_shared<Checkpoint>(dir);
-  TensorBinder b(*mw->checkpoint);
+  TensorBinder b(*mw->checkpoint, backend);
   const int D = c.dim, V = c.vocab_size, hc = c.hc_mult;
   mw->embed = b.bf16("embed.weight", {V, D});
   mw->head = b.bf16("head.weight", {V, D});
   mw->norm = b.bf16("norm.weight", {D});
   mw->hc_head = {b.f32("hc_head_fn", {hc, hc * D}), b.f32("hc_head_base", {hc}), b.f32("hc_head_scale", {1})};
-  for (int l = 0; l < c.n_layers; ++l) mw->blocks.push_back(bind_block(b, fmt::format("layers.{}", l), c, l, false));
+  Progress progress(backend ? "placing weights" : "binding weights");
+  const int total = c.n_layers + c.n_mtp_layers;
+  for (int l = 0; l < c.n_layers; ++l) {
+    mw->blocks.push_back(bind_block(b, fmt::format("layers.{}", l), c, l, false));
+    progress.update(l + 1, total, b.placed_bytes());
+  }
   for (int m = 0; m < c.n_mtp_layers; ++m) {
     std::string p = fmt::format("mtp.{}", m);
     MtpWeights w;
@@ -185,7 +221,9 @@ std::unique_ptr<ModelWeights> load_model_weights(const std::string& dir) {
     w.norm = b.bf16(p + ".norm.weight", {D});
     w.hc_head = {b.f32(p + ".hc_head_fn", {hc, hc * D}), b.f32(p + ".hc_head_base", {hc}), b.f32(p + ".hc_head_scale", {1})};
     mw->mtp.push_back(std::move(w));
+    progress.update(c.n_layers + m + 1, total, b.placed_bytes());
   }
+  progress.done();
   for (auto& [name, t] : mw->checkpoint->tensors()) {
     if (b.used().count(name)) continue;
     // The MTP block's copies of the shared embedding and head (the reference's convert drops them).

@@ -6,6 +6,7 @@
 #include <filesystem>
 #include <fstream>
 #include <sstream>
+#include <stdexcept>
 
 #include <unistd.h>
 
@@ -13,12 +14,24 @@ namespace dsv4::test {
 
 namespace fs = std::filesystem;
 
+namespace {
+// The build tree's paths, unless the environment says otherwise (test binaries run on a GPU
+// machine from another folder: DSV4_BINARY, DSV4_TEST_TMP).
+std::string from_env(const char* name, const char* built_in) {
+  const char* v = std::getenv(name);
+  return v && *v ? v : built_in;
+}
+std::string test_tmp() { return from_env("DSV4_TEST_TMP", DSV4_TEST_TMP); }
+}  // namespace
+
+std::string test_data_dir(const std::string& built_in) { return from_env("DSV4_TEST_DATA", built_in.c_str()); }
+
 CommandResult run_dsv4(const std::string& args) {
   static int counter = 0;
-  const std::string log = (fs::path(DSV4_TEST_TMP) / ("command." + std::to_string(::getpid()) + "." +
-                                                      std::to_string(counter++) + ".log")).string();
-  fs::create_directories(DSV4_TEST_TMP);
-  int rc = std::system((std::string(DSV4_BINARY) + " " + args + " >" + log + " 2>&1").c_str());
+  const std::string log = (fs::path(test_tmp()) / ("command." + std::to_string(::getpid()) + "." +
+                                                   std::to_string(counter++) + ".log")).string();
+  fs::create_directories(test_tmp());
+  int rc = std::system((from_env("DSV4_BINARY", DSV4_BINARY) + " " + args + " >" + log + " 2>&1").c_str());
   CommandResult r{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, read_text(log)};
   fs::remove(log);
   return r;
@@ -34,7 +47,7 @@ std::string read_text(const std::string& path) {
 void write_text(const std::string& path, const std::string& text) { std::ofstream(path, std::ios::binary) << text; }
 
 std::string fresh_dir(const std::string& name) {
-  fs::path p = fs::path(DSV4_TEST_TMP) / name;
+  fs::path p = fs::path(test_tmp()) / name;
   fs::remove_all(p);
   fs::create_directories(p);
   return p.string();
@@ -47,6 +60,10 @@ std::vector<float> floats(const TensorRef& t) {
 }
 
 Stats compare(const std::vector<float>& ours, const std::vector<float>& ref, size_t cols) {
+  // Sizes first: the loops below read ours.size() values of both sides.
+  if (ours.size() != ref.size() || ref.empty() || cols == 0 || ref.size() % cols != 0)
+    throw std::invalid_argument("compare: " + std::to_string(ours.size()) + " values against " +
+                                std::to_string(ref.size()) + " (rows of " + std::to_string(cols) + ")");
   Stats s;
   double num = 0, den = 0, mean = 0;
   std::vector<float> abs(ours.size());
@@ -71,6 +88,12 @@ Stats compare(const std::vector<float>& ours, const std::vector<float>& ref, siz
              std::max_element(ref.begin() + long(r * cols), ref.begin() + long((r + 1) * cols)) - ref.begin();
   s.argmax = double(agree) / double(rows);
   return s;
+}
+
+Stats compare(const TensorRef& ours, const TensorRef& ref) {
+  if (ours.shape != ref.shape || ref.shape.empty())
+    throw std::invalid_argument("compare: shape " + shape_str(ours.shape) + " against " + shape_str(ref.shape));
+  return compare(floats(ours), floats(ref), size_t(ref.shape.back()));
 }
 
 }  // namespace dsv4::test

@@ -83,13 +83,48 @@ void run_case(Kind kind, int n, int pages) {
                       << first % page_bytes << ")";
 }
 
+// copy_kv_entries (the window ring's update) against memmove of the entries' data and scale bytes
+// on the host: random bytes in the pool, disjoint source and destination sets, some −1 pairs.
+void run_copy_case(int n, int pages) {
+  std::vector<uint8_t> init(size_t(pages) * kl::kKvPageBytes);
+  std::uniform_int_distribution<int> byte(0, 255);
+  for (auto& b : init) b = uint8_t(byte(rng()));
+  std::vector<int32_t> all(pages * kl::kEntriesPerPage);
+  std::iota(all.begin(), all.end(), 0);
+  std::shuffle(all.begin(), all.end(), rng());
+  std::vector<int32_t> src(all.begin(), all.begin() + n), dst(all.begin() + n, all.begin() + 2 * n);
+  for (int i = 3; i < n; i += 11) (i % 2 ? src : dst)[i] = -1;
+  std::vector<uint8_t> want = init;
+  for (int i = 0; i < n; ++i) {
+    if (src[i] < 0 || dst[i] < 0) continue;
+    std::memcpy(want.data() + kl::kv_entry_data_offset(dst[i]), init.data() + kl::kv_entry_data_offset(src[i]),
+                kl::kEntryDataBytes);
+    std::memcpy(want.data() + kl::kv_entry_scale_offset(dst[i]), init.data() + kl::kv_entry_scale_offset(src[i]),
+                kl::kEntryScaleBytes);
+  }
+  Stream stream;
+  DeviceBuffer<uint8_t> pool(init.size());
+  pool.upload(init, stream.get());
+  DeviceBuffer<int32_t> d_src(n), d_dst(n);
+  d_src.upload(src, stream.get());
+  d_dst.upload(dst, stream.get());
+  copy_kv_entries(d_src.get(), d_dst.get(), n, pool.get(), stream.get());
+  std::vector<uint8_t> got = pool.download(stream.get());
+  size_t diff = 0;
+  for (size_t i = 0; i < got.size(); ++i) diff += got[i] != want[i];
+  std::printf("copy_kv_entries %d entries over %d pages: %zu bytes differ\n", n, pages, diff);
+  EXPECT_EQ(diff, 0u);
+}
+
 TEST(KvCacheGpu, KvEntriesMatchHostEncoder) { run_case(Kind::Kv, 1000, 20); }
+TEST(KvCacheGpu, CopyEntriesMatchesHostCopy) { run_copy_case(128, 6); run_copy_case(700, 30); }
 TEST(KvCacheGpu, IndexKeysFp4MatchHostEncoder) { run_case(Kind::IndexFp4, 3000, 50); }
 TEST(KvCacheGpu, IndexKeysFp8MatchHostEncoder) { run_case(Kind::IndexFp8, 3000, 50); }
 TEST(KvCacheGpuSanitizer, Small) {
   run_case(Kind::Kv, 40, 2);
   run_case(Kind::IndexFp4, 40, 2);
   run_case(Kind::IndexFp8, 40, 2);
+  run_copy_case(20, 2);
 }
 
 }  // namespace

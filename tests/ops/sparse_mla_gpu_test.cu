@@ -1,7 +1,8 @@
 // Sparse-MLA decode on the GPU against the CPU reference (cpu/sparse_mla_reference.h) on fresh
 // random data: window-only, CSA with top-k, HCA with 1, 2 and 500 compressed entries, sequences
 // shorter than the window, s_q 1–4, mixed lengths, tensor-parallel head counts, head groups,
-// split-KV and the unsplit baseline, two pools, CUDA-graph replay. Outputs are poisoned (NaN) first.
+// split-KV and the unsplit baseline, two pools, CUDA-graph replay. Outputs are poisoned (NaN) before
+// every launch or replay.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -45,6 +46,11 @@ struct Case {
   bool graph = false;
   float q_scale = 2.0f;
   int max_mag_exp = 3;  // per-64-dim-group magnitudes 2^-3 … 2^max_mag_exp
+  // Each sequence's position-0 entry takes scale codes 7s … 7s + 6 (mod 255): every e8m0 code but
+  // NaN over 37 sequences (set_scale_codes).
+  bool every_scale_code = false;
+  bool no_sink = false;  // sink logit −1e30: its weight is exactly 0
+  bool exact = false;    // outputs must equal the reference's bit for bit (else rel L2 ≤ 1e-2)
 };
 
 // Fills every entry of a pool with random KV vectors (per-block magnitudes vary) in the FP8 layout.
@@ -63,6 +69,34 @@ std::vector<uint8_t> random_pool(int pages, int max_mag_exp) {
     kl::encode_kv_entry_at(pool.data(), g, v.data());
   }
   return pool;
+}
+
+// Entry g with scale codes first_code … first_code + 6 (mod 255, skipping the NaN code 255), random
+// e4m3 values whose scaled value is zero or a normal bf16 (|v| in [2^-126, 2^128): the values for
+// which "e4m3 · 2^k fits bf16" holds, the dequantiser's exactness claim) and random bf16 RoPE values.
+// The encoder never writes codes below 2^-21 (its amax floor), so the 2^-127 code is set here.
+void set_scale_codes(uint8_t* pool, int64_t g, int first_code) {
+  uint8_t* data = pool + kl::kv_entry_data_offset(g);
+  uint8_t* scales = pool + kl::kv_entry_scale_offset(g);
+  std::uniform_int_distribution<int> byte(0, 255);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (int b = 0; b < kl::kNumScales; ++b) {
+    const int code = (first_code + b) % 255;
+    scales[b] = uint8_t(code);
+    for (int i = 0; i < kl::kScaleBlock; ++i) {
+      uint8_t v;
+      double mag;
+      do {  // e4m3 NaN codes give a NaN magnitude and are drawn again
+        v = uint8_t(byte(rng()));
+        mag = std::fabs(double(e4m3_to_f32(v))) * std::ldexp(1.0, code - 127);
+      } while (!(mag == 0 || (mag >= std::ldexp(1.0, -126) && mag < std::ldexp(1.0, 128))));
+      data[b * kl::kScaleBlock + i] = v;
+    }
+  }
+  for (int i = 0; i < kl::kRopeDim; ++i) {
+    const uint16_t h = f32_to_bf16(nd(rng()));
+    std::memcpy(data + kl::kNopeDim + 2 * i, &h, 2);
+  }
 }
 
 double run_case(const Case& c) {
@@ -103,6 +137,9 @@ double run_case(const Case& c) {
   std::vector<uint8_t> comp_pool =
       c.two_pools ? random_pool(comp_pool_pages, c.max_mag_exp) : std::vector<uint8_t>();
   const std::vector<uint8_t>& comp_pool_ref = c.two_pools ? comp_pool : window_pool;
+  if (c.every_scale_code)  // position 0 lies in slot 0 of the sequence's first window page
+    for (int s = 0; s < seqs; ++s)
+      set_scale_codes(window_pool.data(), int64_t(window_table[size_t(s) * kWindowPages]) * kl::kEntriesPerPage, 7 * s);
 
   // CSA selections: distinct random available entries in random order, −1 padded.
   std::vector<int32_t> topk(size_t(T) * std::max(1, c.topk), -1);
@@ -119,7 +156,7 @@ double run_case(const Case& c) {
   std::vector<uint16_t> q(size_t(T) * c.n_heads * kD);
   for (auto& x : q) x = f32_to_bf16(nd(rng()) * c.q_scale);
   std::vector<float> sink(c.n_heads);
-  for (auto& x : sink) x = nd(rng()) * 2.f;
+  for (auto& x : sink) x = c.no_sink ? -1e30f : nd(rng()) * 2.f;
 
   // CPU lists and reference output.
   cpu::SparseMlaListInputs li;
@@ -183,7 +220,6 @@ double run_case(const Case& c) {
   d_q.upload(reinterpret_cast<const __nv_bfloat16*>(q.data()), q.size(), stream.get());
   DeviceBuffer<float> d_sink(c.n_heads);
   d_sink.upload(sink, stream.get());
-  d_out.fill_bytes(0xff, stream.get());  // NaN poison
 
   SparseMlaShape shape;
   shape.max_queries = T;
@@ -206,41 +242,58 @@ double run_case(const Case& c) {
   a.scale = scale;
   a.out = d_out.get();
   a.num_queries = T;
+  // Downloads the output of the launch just made and checks it against the reference.
+  auto check = [&](const char* launch) {
+    DSV4_CUDA_CHECK(cudaGetLastError());
+    std::vector<__nv_bfloat16> got_raw = d_out.download(stream.get());
+    double err2 = 0, ref2 = 0, max_abs = 0;
+    int bad = 0, differ = 0;
+    for (size_t i = 0; i < want.size(); ++i) {
+      uint16_t bits;
+      std::memcpy(&bits, &got_raw[i], 2);
+      const double g = bf16_to_f32(bits), w = bf16_to_f32(want[i]);
+      if (!std::isfinite(g)) {
+        if (++bad < 5) ADD_FAILURE() << launch << ": non-finite output at " << i;
+        continue;
+      }
+      if (c.exact && g != w && ++differ <= 5)
+        ADD_FAILURE() << launch << ": output " << i << " (query " << i / (size_t(c.n_heads) * kD) << ", dim " << i % kD
+                      << ") is " << g << ", the reference " << w;
+      err2 += (g - w) * (g - w);
+      ref2 += w * w;
+      max_abs = std::max(max_abs, std::fabs(g - w));
+    }
+    EXPECT_EQ(bad, 0) << launch;
+    const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
+    std::printf("  T=%d heads=%d hpc=%d block=%d split=%d fused=%d %s stride=%d %s: rel L2 %.3g, max abs %.3g\n", T,
+                c.n_heads, plan.heads_per_cta(), plan.block_entries(), int(c.split), int(c.fused_combine),
+                plan.wgmma() ? "wgmma" : "mma.sync", stride, launch, rel, max_abs);
+    if (c.exact)
+      EXPECT_EQ(differ, 0) << launch << ": outputs differ from the reference";
+    else
+      EXPECT_LE(rel, 1e-2) << launch;
+    return rel;
+  };
+  double rel = 0;
   if (c.graph) {
     Graph graph;
     graph.capture(stream.get(), [&](cudaStream_t s) {
       plan.compute(d_lengths.get(), T, stride, s);
       sparse_mla_decode(plan, a, s);
     });
-    graph.launch(stream.get());
-    graph.launch(stream.get());
+    // Poisoned before each replay, so that the second must write every output itself (the fused
+    // combine's per-job counters must be back at zero after the first).
+    for (const char* replay : {"replay 1", "replay 2"}) {
+      d_out.fill_bytes(0xff, stream.get());  // NaN poison
+      graph.launch(stream.get());
+      rel = std::max(rel, check(replay));
+    }
   } else {
+    d_out.fill_bytes(0xff, stream.get());  // NaN poison
     plan.compute(d_lengths.get(), T, stride, stream.get());
     sparse_mla_decode(plan, a, stream.get());
+    rel = check("launch");
   }
-  DSV4_CUDA_CHECK(cudaGetLastError());
-  std::vector<__nv_bfloat16> got_raw = d_out.download(stream.get());
-
-  double err2 = 0, ref2 = 0, max_abs = 0;
-  int bad = 0;
-  for (size_t i = 0; i < want.size(); ++i) {
-    uint16_t bits;
-    std::memcpy(&bits, &got_raw[i], 2);
-    const double g = bf16_to_f32(bits), w = bf16_to_f32(want[i]);
-    if (!std::isfinite(g)) {
-      if (++bad < 5) ADD_FAILURE() << "non-finite output at " << i;
-      continue;
-    }
-    err2 += (g - w) * (g - w);
-    ref2 += w * w;
-    max_abs = std::max(max_abs, std::fabs(g - w));
-  }
-  EXPECT_EQ(bad, 0);
-  const double rel = std::sqrt(err2 / std::max(ref2, 1e-30));
-  std::printf("  T=%d heads=%d hpc=%d block=%d split=%d fused=%d %s stride=%d: rel L2 %.3g, max abs %.3g\n", T,
-              c.n_heads, plan.heads_per_cta(), plan.block_entries(), int(c.split), int(c.fused_combine),
-              plan.wgmma() ? "wgmma" : "mma.sync", stride, rel, max_abs);
-  EXPECT_LE(rel, 1e-2);
   return rel;
 }
 
@@ -299,8 +352,31 @@ TEST(SparseMlaGpu, HeadCountsHeadGroupsBlockSizesAndUnsplitBaseline) {
 }
 
 // Entries whose scale exceeds 2^15 (or is 2^-127) take the dequantiser's f32 path, the rest the
-// bit-moving one; both must be exact.
-TEST(SparseMlaGpu, LargeScalesTakeTheExactF32Path) {
+// bit-moving one; both must be exact. One entry per query (every sequence at position 0), q = 0 and
+// no sink: each output is its entry's value times a weight of exactly 1, so it must equal the
+// reference (and the decoded entry) bit for bit, over every e8m0 scale code.
+void check_every_scale_code(Case c) {
+  c.every_scale_code = true;
+  c.no_sink = true;
+  c.exact = true;
+  c.q_scale = 0.f;
+  c.set = SparseMlaCompressed::None;
+  c.last_pos.assign(37, 0);  // 37 × 7 groups ≥ 255 codes
+  run_case(c);
+}
+
+TEST(SparseMlaGpu, EveryScaleCodeDequantisesExactly) {
+  for (int block : {64, 32})
+    for (bool split : {true, false}) {
+      Case c;
+      c.block_entries = block;
+      c.split = split;
+      check_every_scale_code(c);
+    }
+}
+
+// Attention over entries with scales up to 2^24 (many on the f32 path), within the attention tolerance.
+TEST(SparseMlaGpu, LargeScalesWithinTolerance) {
   for (int block : {64, 32}) {
     Case c;
     c.block_entries = block;
@@ -374,6 +450,9 @@ TEST(SparseMlaGpuWgmma, WindowCsaHcaMtpAndLargeScales) {
   c.q_scale = 0.5f;
   c.last_pos = {900, 4000};
   run_case(c);
+  Case every;
+  every.kernel = SparseMlaKernel::Wgmma;
+  check_every_scale_code(every);
 }
 
 TEST(SparseMlaGpuWgmma, ManyJobsPerCtaTwoPoolsTopk2048AndGraphReplay) {

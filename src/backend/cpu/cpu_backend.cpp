@@ -10,28 +10,6 @@
 
 namespace dsv4 {
 
-RopeTable make_rope_table(const ModelConfig& c, bool compressed_layer) {
-  // SPEC §2.8: f32 frequencies; YaRN only for compressed layers (θ = compress_rope_theta).
-  const int dim = c.rope_dim;
-  const float base = float(compressed_layer ? c.compress_rope_theta : c.rope_theta);
-  RopeTable t;
-  t.inv_freq.resize(size_t(dim / 2));
-  for (int i = 0; i < dim / 2; ++i) t.inv_freq[size_t(i)] = 1.0f / std::pow(base, float(2 * i) / float(dim));
-  if (compressed_layer && c.original_seq_len > 0) {
-    auto corr = [&](double rot) { return dim * std::log(double(c.original_seq_len) / (rot * 2 * M_PI)) / (2 * std::log(double(base))); };
-    double lo = std::max(std::floor(corr(c.beta_fast)), 0.0);
-    double hi = std::min(std::ceil(corr(c.beta_slow)), double(dim - 1));
-    if (lo == hi) hi += 0.001;
-    for (int i = 0; i < dim / 2; ++i) {
-      float ramp = std::clamp((float(i) - float(lo)) / float(hi - lo), 0.0f, 1.0f);
-      float smooth = 1.0f - ramp;
-      float f = t.inv_freq[size_t(i)];
-      t.inv_freq[size_t(i)] = f / float(c.rope_factor) * (1.0f - smooth) + f * smooth;
-    }
-  }
-  return t;
-}
-
 Tensor CpuBackend::alloc(DType dtype, std::vector<int64_t> shape) {
   Tensor t;
   t.dtype = dtype;
@@ -171,10 +149,14 @@ Tensor CpuBackend::logits(const Tensor& h, const uint16_t* head, int vocab) {
   return linear_f32(h, head, vocab, int(h.numel() / h.rows()));
 }
 
-std::unique_ptr<Backend> make_backend(const std::string& name) {
-  if (name == "cpu") return std::make_unique<CpuBackend>();
-  if (name == "cuda") fail("the cuda backend for the full forward is not built yet; use --backend cpu");
-  fail("unknown backend '{}' (cpu or cuda)", name);
+std::vector<int32_t> CpuBackend::sample(const Tensor& logits, const std::vector<SamplingParams>& params,
+                                        const std::vector<uint64_t>& counters) {
+  const int64_t rows = logits.rows();
+  DSV4_CHECK(int64_t(params.size()) == rows && int64_t(counters.size()) == rows,
+             "sample: {} rows, {} parameter sets, {} counters", rows, params.size(), counters.size());
+  std::vector<int32_t> out(static_cast<size_t>(rows));
+  if (rows) sample_reference(logits.ptr<float>(), rows, int(logits.numel() / rows), params.data(), counters.data(), out.data());
+  return out;
 }
 
 }  // namespace dsv4

@@ -55,6 +55,8 @@ class CpuBackend final : public Backend {
   Tensor moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override;
 
   Tensor logits(const Tensor& h, const uint16_t* head, int vocab) override;
+  std::vector<int32_t> sample(const Tensor& logits, const std::vector<SamplingParams>& params,
+                              const std::vector<uint64_t>& counters) override;
 };
 
 // Reference numerics shared by the CPU ops and their tests (backend/cpu/cpu_quant.cpp).

@@ -28,8 +28,8 @@ Routing CpuBackend::route(const Tensor& x, const MoeWeights& w, const std::vecto
       sel[size_t(e)] = w.bias ? aff[size_t(e)] + w.bias[e] : aff[size_t(e)];
     }
     int32_t* ids = r.ids.ptr<int32_t>() + t * k;
-    if (!w.tid2eid.empty()) {
-      for (int i = 0; i < k; ++i) ids[i] = w.tid2eid[size_t(token_ids[size_t(t)]) * size_t(k) + size_t(i)];
+    if (w.hash_table) {
+      for (int i = 0; i < k; ++i) ids[i] = w.hash_table[size_t(token_ids[size_t(t)]) * size_t(k) + size_t(i)];
     } else {
       std::vector<int> order(static_cast<size_t>(E));
       std::iota(order.begin(), order.end(), 0);

@@ -113,6 +113,22 @@ __global__ void append_index_keys_kernel(const __nv_bfloat16* __restrict__ value
 
 constexpr int kWarpsPerBlock = 8;
 
+// One warp per entry: 576 data bytes as 36 × 16 bytes, then the 8 scale bytes.
+__global__ void copy_kv_entries_kernel(const int32_t* __restrict__ src_ids, const int32_t* __restrict__ dst_ids, int n,
+                                       uint8_t* __restrict__ pool) {
+  const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (row >= n) return;
+  const int32_t s = src_ids[row], d = dst_ids[row];
+  if (s < 0 || d < 0) return;
+  const uint4* src = reinterpret_cast<const uint4*>(pool + kl::kv_entry_data_offset(s));
+  uint4* dst = reinterpret_cast<uint4*>(pool + kl::kv_entry_data_offset(d));
+  for (int i = lane; i < kl::kEntryDataBytes / 16; i += 32) dst[i] = src[i];
+  if (lane == 0)
+    *reinterpret_cast<uint2*>(pool + kl::kv_entry_scale_offset(d)) =
+        *reinterpret_cast<const uint2*>(pool + kl::kv_entry_scale_offset(s));
+}
+
 // One warp per entry: the launch every append below shares.
 template <typename Kernel>
 void launch_per_entry(Kernel kernel, const __nv_bfloat16* values, const int32_t* entry_ids, int n, uint8_t* pool,
@@ -137,6 +153,13 @@ void append_index_keys_fp4(const __nv_bfloat16* values, const int32_t* entry_ids
 void append_index_keys_fp8(const __nv_bfloat16* values, const int32_t* entry_ids, int n, uint8_t* pool,
                            cudaStream_t stream) {
   launch_per_entry(append_index_keys_kernel<false>, values, entry_ids, n, pool, stream);
+}
+
+void copy_kv_entries(const int32_t* src_ids, const int32_t* dst_ids, int n, uint8_t* pool, cudaStream_t stream) {
+  if (n <= 0) return;
+  copy_kv_entries_kernel<<<(n + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream>>>(src_ids, dst_ids,
+                                                                                                     n, pool);
+  DSV4_CUDA_CHECK_LAUNCH();
 }
 
 }  // namespace dsv4::cuda

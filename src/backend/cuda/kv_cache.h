@@ -21,4 +21,8 @@ void append_index_keys_fp4(const __nv_bfloat16* values, const int32_t* entry_ids
 void append_index_keys_fp8(const __nv_bfloat16* values, const int32_t* entry_ids, int n, uint8_t* pool,
                            cudaStream_t stream);
 
+// Copies KV entries src_ids[i] → dst_ids[i] (data and scales; the window ring's update from a
+// step's scratch entries). The two id sets must not overlap.
+void copy_kv_entries(const int32_t* src_ids, const int32_t* dst_ids, int n, uint8_t* pool, cudaStream_t stream);
+
 }  // namespace dsv4::cuda

@@ -15,9 +15,11 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <string>
 
 #include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/moe_fp4.h"
+#include "backend/cuda/row_ops.h"
 #include "backend/cuda/moe_fp4_kernels.cuh"
 #include "core/error.h"
 
@@ -249,12 +251,23 @@ void run_w4a8(const MoeFp4Weights& w, const uint16_t* x, int tokens, const float
 
 template <MoeFp4Format F>
 void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int tokens, const float* topk_weights,
-              int k, MoeWorkspace& ws, cudaStream_t stream) {
+              int k, MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics) {
   const int D = w.shape().hidden, I = w.shape().inter;
   const int max_slots = std::min(w.shape().experts, tokens * k);
+  const bool fp8 = numerics == MoeActivationNumerics::Fp8;
+  if (fp8) {  // x on the FP8 grid, in expert_out (free until the down GEMM writes it)
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(ws.expert_out.get(), x, size_t(tokens) * D * 2, cudaMemcpyDeviceToDevice, stream));
+    fp8_simulate_activations(ws.expert_out.get(), tokens, D, stream);
+    x = ws.expert_out.get();
+  }
+  // The SwiGLU output on the FP8 grid before the down GEMM (every pair's row; unused rows are never read).
+  auto between = [&] {
+    if (fp8) fp8_simulate_activations(ws.hidden_act.get(), int64_t(tokens) * k, I, stream);
+  };
   const GemmArgs gu = gate_up_args(w, x, topk_weights, k, ws), dn = down_args(w, topk_weights, ws);
   if (path == MoeFp4Path::W4A16Stream) {
     moe_detail::moe_fp4_stream_gemm(F, true, gu, 2 * I, stream);
+    between();
     moe_detail::moe_fp4_stream_gemm(F, false, dn, D, stream);
     return;
   }
@@ -267,11 +280,13 @@ void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int to
     static_assert(kMoeUnitRows * 4 <= 128, "2I and D (multiples of 128) hold a multiple of four row tiles");
     launch_programmatic(moe_fp4_gemm_kernel<F, 1, 32, 4, true>, dim3(2 * I / kMoeUnitRows / 4, max_slots),
                         dim3(kThreads), 0, stream, gu);
+    between();
     launch_programmatic(moe_fp4_gemm_kernel<F, 1, 16, 4, false>, dim3(D / kMoeUnitRows / 4, max_slots),
                         dim3(kThreads), 0, stream, dn);
     return;
   }
   moe_detail::moe_fp4_tiled_gemm(F, true, gu, 2 * I, max_slots, stream);
+  between();
   moe_detail::moe_fp4_tiled_gemm(F, false, dn, D, max_slots, stream);
 }
 
@@ -284,18 +299,52 @@ void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int to
 // (at 12 the decode path is still faster); elsewhere (sm_120, NVFP4) the tiled W4A16 kernel, which
 // uses each unpacked weight for 64 tokens, takes over above 20 (NVFP4 on the H200: decode 5% faster
 // at 18 pairs per expert, the tiled kernel 11% faster at 24; sm_120 not measured).
-MoeFp4Path moe_fp4_select_path(const MoeFp4Shape& shape, int tokens, int k) {
+MoeFp4Path moe_fp4_select_path(const MoeFp4Shape& shape, int tokens, int k, const DeviceLimits& limits) {
   const int64_t pairs = int64_t(tokens) * k, experts = shape.experts;
-  const bool w4a8 = moe_fp4_path_available(MoeFp4Path::W4A8, shape);
+  const bool w4a8 = moe_fp4_path_available(MoeFp4Path::W4A8, shape, limits);
   if (w4a8 && pairs > 16 * experts) return MoeFp4Path::W4A8;
-  if (w4a8 || pairs <= 20 * experts) return MoeFp4Path::W4A16Decode;
+  if (w4a8 || pairs <= 20 * experts || !moe_fp4_path_available(MoeFp4Path::W4A16Batched, shape, limits))
+    return MoeFp4Path::W4A16Decode;
   return MoeFp4Path::W4A16Batched;
 }
 
-bool moe_fp4_path_available(MoeFp4Path path, const MoeFp4Shape& shape) {
-  if (path == MoeFp4Path::W4A8) return shape.format == MoeFp4Format::Mxfp4 && moe_detail::moe_w4a8_supported();
-  if (path == MoeFp4Path::W4A16Stream) return moe_detail::moe_fp4_stream_fits(shape);
+// By capability: W4A8 only on an sm_90 GPU (that runs the build's sm_90a code), the stream kernel on
+// sm_90+ where its ring gets two stages; the W4A16 decode and tiled kernels fit every sm_80+ GPU
+// (tiled: 51 KB of shared memory).
+bool moe_fp4_path_available(MoeFp4Path path, const MoeFp4Shape& shape, const DeviceLimits& limits) {
+  if (path == MoeFp4Path::W4A8) return shape.format == MoeFp4Format::Mxfp4 && limits.is_sm90() && limits.sm90a_code;
+  if (path == MoeFp4Path::W4A16Stream) return moe_detail::moe_fp4_stream_fits(shape, limits);
+  if (path == MoeFp4Path::W4A16Batched)
+    return moe_detail::moe_fp4_tiled_launch(shape.format, true).dynamic_smem <= limits.smem_per_block_optin;
   return true;
+}
+
+MoeFp4Path moe_fp4_select_path(const MoeFp4Shape& shape, int tokens, int k) {
+  return moe_fp4_select_path(shape, tokens, k, current_device_limits());
+}
+
+bool moe_fp4_path_available(MoeFp4Path path, const MoeFp4Shape& shape) {
+  // W4A8 also asks its own kernels (the probe of current_device_limits() is another function).
+  return moe_fp4_path_available(path, shape, current_device_limits()) &&
+         (path != MoeFp4Path::W4A8 || moe_detail::moe_w4a8_supported());
+}
+
+std::vector<KernelLaunch> moe_fp4_kernel_launches(const MoeFp4Shape& shape, const DeviceLimits& limits) {
+  const MoeFp4Format f = shape.format;
+  const std::string fa = moe_detail::format_template_arg(f);
+  // The decode kernel's two instances (run_path): <F, NT 1, UPW 32 / 16, RT 4, gate-up / down>.
+  std::vector<KernelLaunch> out = {{"moe_fp4_gemm_kernel<" + fa + ", 1, 32, 4, true>", kThreads, 0},
+                                   {"moe_fp4_gemm_kernel<" + fa + ", 1, 16, 4, false>", kThreads, 0}};
+  if (moe_fp4_path_available(MoeFp4Path::W4A16Batched, shape, limits))
+    for (bool gate_up : {true, false}) out.push_back(moe_detail::moe_fp4_tiled_launch(f, gate_up));
+  if (moe_fp4_path_available(MoeFp4Path::W4A16Stream, shape, limits)) {
+    out.push_back(moe_detail::moe_fp4_stream_launch(f, true, shape.hidden, limits));
+    out.push_back(moe_detail::moe_fp4_stream_launch(f, false, shape.inter, limits));
+  }
+  if (moe_fp4_path_available(MoeFp4Path::W4A8, shape, limits))
+    for (bool gate_up : {true, false}) out.push_back(moe_detail::moe_w4a8_launch(gate_up));
+  for (const KernelLaunch& k : moe_routing_kernel_launches()) out.push_back(k);
+  return out;
 }
 
 const char* moe_fp4_path_name(MoeFp4Path path) {
@@ -310,7 +359,7 @@ const char* moe_fp4_path_name(MoeFp4Path path) {
 
 void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int tokens,
                           const int32_t* topk_ids, const float* topk_weights, int k, const uint16_t* shared_or_null,
-                          uint16_t* out, MoeWorkspace& ws, cudaStream_t stream) {
+                          uint16_t* out, MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics) {
   const MoeFp4Shape& s = w.shape();
   if (tokens <= 0) return;
   if (tokens > ws.max_tokens() || k != ws.k())
@@ -323,16 +372,19 @@ void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_
   if (path == MoeFp4Path::W4A8) {
     if (ws.act_fp8.size() == 0 || !w.has_w4a8()) fail("moe_fp4_forward: W4A8 needs an MXFP4 layer and workspace");
     run_w4a8(w, x, tokens, topk_weights, k, ws, stream);
-  } else if (s.format == MoeFp4Format::Mxfp4) run_path<MoeFp4Format::Mxfp4>(path, w, x, tokens, topk_weights, k, ws, stream);
-  else run_path<MoeFp4Format::Nvfp4>(path, w, x, tokens, topk_weights, k, ws, stream);
+  } else if (s.format == MoeFp4Format::Mxfp4) {
+    run_path<MoeFp4Format::Mxfp4>(path, w, x, tokens, topk_weights, k, ws, stream, numerics);
+  } else {
+    run_path<MoeFp4Format::Nvfp4>(path, w, x, tokens, topk_weights, k, ws, stream, numerics);
+  }
   moe_combine(ws.expert_out.get(), topk_ids, tokens, k, s.experts, s.hidden, shared_or_null, out, stream);
 }
 
 void moe_fp4_forward(const MoeFp4Weights& w, const uint16_t* x, int tokens, const int32_t* topk_ids,
                      const float* topk_weights, int k, const uint16_t* shared_or_null, uint16_t* out,
-                     MoeWorkspace& ws, cudaStream_t stream) {
+                     MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics) {
   moe_fp4_forward_path(moe_fp4_select_path(w.shape(), tokens, k), w, x, tokens, topk_ids, topk_weights, k,
-                       shared_or_null, out, ws, stream);
+                       shared_or_null, out, ws, stream, numerics);
 }
 
 }  // namespace dsv4::cuda

@@ -17,6 +17,7 @@
 
 #include "backend/cpu/moe_fp4_reference.h"
 #include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/device_limits.h"
 #include "backend/moe_fp4_layout.h"
 
 namespace dsv4::cuda {
@@ -109,21 +110,34 @@ enum class MoeFp4Path : uint8_t {
   W4A8,          // sm_90a, MXFP4: e4m3 weights and activations, FP8 wgmma on 128-token tiles; the
                  // reference's own expert numerics (SPEC §2.4), moe_fp4_w4a8.cu
 };
-// Whether `path` can run here for `shape` (W4A8 needs MXFP4 and an sm_90 GPU with sm_90a code; the
-// streaming kernel an sm_90+ GPU).
+// Whether `path` can run for `shape` on a device with `limits` (W4A8 needs MXFP4 and an sm_90 GPU
+// running the sm_90a code; the streaming kernel an sm_90+ GPU with shared memory for two ring stages
+// of both GEMMs), and the path the dispatcher takes there. Host code, no GPU needed; the forms
+// without limits ask about the current device.
+bool moe_fp4_path_available(MoeFp4Path path, const MoeFp4Shape& shape, const DeviceLimits& limits);
+MoeFp4Path moe_fp4_select_path(const MoeFp4Shape& shape, int tokens, int k, const DeviceLimits& limits);
 bool moe_fp4_path_available(MoeFp4Path path, const MoeFp4Shape& shape);
 MoeFp4Path moe_fp4_select_path(const MoeFp4Shape& shape, int tokens, int k);
+// Every kernel the MoE forward may launch for `shape` on a device with `limits`: each available
+// path's GEMMs (W4A16 stream and W4A8 only where available), the routing and combine kernels.
+std::vector<KernelLaunch> moe_fp4_kernel_launches(const MoeFp4Shape& shape, const DeviceLimits& limits);
 const char* moe_fp4_path_name(MoeFp4Path path);
 
 // The forward. x, shared_or_null, out: bf16 [tokens, D] (shared_or_null may be nullptr); topk_ids
 // int32 [tokens, k]; topk_weights f32 [tokens, k]. Pairs with ids outside [0, E) contribute nothing.
+// `numerics` sets the W4A16 paths' activations: Bf16 feeds the GEMMs bf16 (the kernels' own route);
+// Fp8 first rounds x and the SwiGLU output to the reference's FP8 grid per 128 channels (SPEC §2.2,
+// as bf16 values: exact), so they compute the reference's expert numerics up to summation order —
+// what the golden tests hold the model to. W4A8 is FP8 either way. Fp8 needs x distinct from the
+// workspace (it is copied into ws.expert_out, which the down GEMM overwrites later).
 void moe_fp4_forward(const MoeFp4Weights& weights, const uint16_t* x, int tokens, const int32_t* topk_ids,
                      const float* topk_weights, int k, const uint16_t* shared_or_null, uint16_t* out,
-                     MoeWorkspace& ws, cudaStream_t stream);
+                     MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics = MoeActivationNumerics::Bf16);
 // Same, with the path forced (tests and benchmarks).
 void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& weights, const uint16_t* x, int tokens,
                           const int32_t* topk_ids, const float* topk_weights, int k,
-                          const uint16_t* shared_or_null, uint16_t* out, MoeWorkspace& ws, cudaStream_t stream);
+                          const uint16_t* shared_or_null, uint16_t* out, MoeWorkspace& ws, cudaStream_t stream,
+                          MoeActivationNumerics numerics = MoeActivationNumerics::Bf16);
 
 // Routing-side kernels (moe_routing.cu).
 // Groups the tokens·k pairs by expert into ws (slots, sorted_pairs and, with_passes, the passes the
@@ -133,5 +147,7 @@ void moe_route_pairs(const int32_t* topk_ids, int tokens, int k, int experts, bo
 // out[t] = bf( Σ_j expert_out[t·k+j] (in order of expert id) + shared[t] ).
 void moe_combine(const uint16_t* expert_out, const int32_t* topk_ids, int tokens, int k, int experts, int hidden,
                  const uint16_t* shared_or_null, uint16_t* out, cudaStream_t stream);
+// The routing and combine kernels' launches (moe_fp4_kernel_launches).
+std::vector<KernelLaunch> moe_routing_kernel_launches();
 
 }  // namespace dsv4::cuda

@@ -5,6 +5,7 @@
 #include <cuda_bf16.h>
 
 #include <cstdint>
+#include <string>
 
 #include "backend/cuda/moe_fp4.h"
 #include "backend/cuda/ptx_primitives.cuh"
@@ -32,6 +33,9 @@ struct GemmArgs {
   __nv_bfloat16* out;         // gate-up: hidden_act [pairs, I]; down: expert_out [pairs, D]
   int out_cols;               // I or D
 };
+
+// A MoeFp4Format template argument as the demangler prints it (the kernel names of KernelLaunch).
+inline std::string format_template_arg(MoeFp4Format f) { return "(dsv4::MoeFp4Format)" + std::to_string(int(f)); }
 
 __device__ __forceinline__ uint32_t bf16x2_mul(uint32_t a, uint32_t b) {
   __nv_bfloat162 r = __hmul2(*reinterpret_cast<__nv_bfloat162*>(&a), *reinterpret_cast<__nv_bfloat162*>(&b));
@@ -95,15 +99,18 @@ __device__ __forceinline__ void store_fragment(const GemmArgs& p, int tile, int 
 
 // The streaming decode GEMM (moe_fp4_stream.cu, sm_90 and later). rows: weight rows (2I or D). Its
 // shared-memory ring takes what the device offers; moe_fp4_stream_fits() says whether this device
-// runs it and both GEMMs of `shape` get at least two stages (sm_120 has ~100 KB per block, sm_90
-// ~227 KB).
-bool moe_fp4_stream_fits(const MoeFp4Shape& shape);
+// runs it and both GEMMs of `shape` get at least two stages (sm_120 has 99 KB per block, sm_90
+// 227 KB: two stages of 4096 inputs take 88 KB).
+bool moe_fp4_stream_fits(const MoeFp4Shape& shape, const DeviceLimits& limits);
 void moe_fp4_stream_gemm(MoeFp4Format format, bool gate_up, const GemmArgs& args, int rows, cudaStream_t stream);
+// The streaming GEMM's launch for K inputs on such a device (dynamic_smem 0: fewer than two stages fit).
+KernelLaunch moe_fp4_stream_launch(MoeFp4Format format, bool gate_up, int K, const DeviceLimits& limits);
 
 // The tiled W4A16 GEMM for many tokens per expert (moe_fp4_tiled.cu; any sm_80+ device). rows: weight
 // rows (2I or D); K and rows multiples of 128.
 void moe_fp4_tiled_gemm(MoeFp4Format format, bool gate_up, const GemmArgs& args, int rows, int max_slots,
                         cudaStream_t stream);
+KernelLaunch moe_fp4_tiled_launch(MoeFp4Format format, bool gate_up);
 
 // The sm_90a W4A8 GEMMs (moe_fp4_w4a8.cu), MXFP4 only.
 struct W4a8Args {
@@ -128,5 +135,6 @@ struct W4a8Args {
 // Whether the current device runs the W4A8 kernels (an sm_90 GPU, and the build has sm_90a code).
 bool moe_w4a8_supported();
 void moe_w4a8_gemm(bool gate_up, const W4a8Args& args, int max_slots, cudaStream_t stream);
+KernelLaunch moe_w4a8_launch(bool gate_up);
 
 }  // namespace dsv4::cuda::moe_detail

@@ -219,8 +219,7 @@ int units_per_warp(int K) {
 }
 
 // The ring takes as many stages as the block's shared memory allows (≤ kMaxStages); 0 if < 2 fit.
-SmemLayout layout_for(MoeFp4Format f, int K) {
-  static const size_t optin = size_t(device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin));
+SmemLayout layout_for(MoeFp4Format f, int K, size_t optin) {
   const int stage_units = kConsumerWarps * units_per_warp(K), scale_bytes = moe_unit_scale_bytes(f);
   for (int stages = kMaxStages; stages >= 2; --stages) {
     SmemLayout l = smem_layout(stage_units, scale_bytes, stages);
@@ -233,7 +232,7 @@ template <MoeFp4Format F, bool kGateUp, int UPS>
 void launch(const GemmArgs& a, int rows, cudaStream_t stream) {
   static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   static size_t raised = 0;  // per instantiation: the limit is an attribute of the function
-  const SmemLayout l = layout_for(F, a.K);
+  const SmemLayout l = layout_for(F, a.K, current_device_limits().smem_per_block_optin);
   auto kernel = moe_fp4_stream_kernel<F, kGateUp, UPS>;
   if (l.total > raised) {
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)));
@@ -254,10 +253,14 @@ void launch(const GemmArgs& a, int rows, cudaStream_t stream) {
 
 }  // namespace
 
-bool moe_fp4_stream_fits(const MoeFp4Shape& shape) {
-  static const int major = device_attribute(cudaDevAttrComputeCapabilityMajor);
-  return major >= 9 && layout_for(shape.format, shape.hidden).stages >= 2 &&
-         layout_for(shape.format, shape.inter).stages >= 2;
+bool moe_fp4_stream_fits(const MoeFp4Shape& shape, const DeviceLimits& limits) {
+  return limits.cc_major >= 9 && layout_for(shape.format, shape.hidden, limits.smem_per_block_optin).stages >= 2 &&
+         layout_for(shape.format, shape.inter, limits.smem_per_block_optin).stages >= 2;
+}
+KernelLaunch moe_fp4_stream_launch(MoeFp4Format format, bool gate_up, int K, const DeviceLimits& limits) {
+  return {"moe_fp4_stream_kernel<" + format_template_arg(format) + (gate_up ? ", true, " : ", false, ") +
+              std::to_string(units_per_warp(K)) + ">",
+          kThreads, layout_for(format, K, limits.smem_per_block_optin).total};
 }
 void moe_fp4_stream_gemm(MoeFp4Format format, bool gate_up, const GemmArgs& a, int rows, cudaStream_t stream) {
   if (format == MoeFp4Format::Mxfp4) {

@@ -205,6 +205,11 @@ void launch(const GemmArgs& args, int rows, int max_slots, cudaStream_t stream) 
 
 }  // namespace
 
+KernelLaunch moe_fp4_tiled_launch(MoeFp4Format format, bool gate_up) {
+  return {"moe_fp4_tiled_kernel<" + format_template_arg(format) + (gate_up ? ", true>" : ", false>"), kThreads,
+          size_t(kSmemBytes)};
+}
+
 void moe_fp4_tiled_gemm(MoeFp4Format format, bool gate_up, const GemmArgs& args, int rows, int max_slots,
                         cudaStream_t stream) {
   DSV4_CHECK(args.K % kStageCols == 0 && rows % 128 == 0, "moe_fp4_tiled_gemm: K {} / rows {} not multiples of 128",

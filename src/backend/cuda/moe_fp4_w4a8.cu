@@ -320,6 +320,10 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
 
 }  // namespace
 
+KernelLaunch moe_w4a8_launch(bool gate_up) {
+  return {gate_up ? "moe_w4a8_gemm_kernel<true>" : "moe_w4a8_gemm_kernel<false>", kThreads, size_t(kSmemBytes)};
+}
+
 bool moe_w4a8_supported() {
   static const bool supported = runs_sm90a_code(moe_w4a8_gemm_kernel<true>, moe_w4a8_gemm_kernel<false>);
   return supported;

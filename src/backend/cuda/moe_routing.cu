@@ -17,6 +17,7 @@ namespace {
 
 constexpr int kRouteThreads = 1024;  // one thread per expert in the scans: E ≤ 1024
 constexpr int kMaxK = 16;  // top-k per token the combine handles (DeepSeek-V4-Flash: 6)
+constexpr int kCombineThreads = 128;
 
 // Exclusive block-wide prefix sums of two counters at once; returns the totals in *total_a/*total_b.
 __device__ void block_exclusive_scan2(int& a, int& b, int* total_a, int* total_b) {
@@ -167,11 +168,14 @@ void moe_route_pairs(const int32_t* topk_ids, int tokens, int k, int experts, bo
 void moe_combine(const uint16_t* expert_out, const int32_t* topk_ids, int tokens, int k, int experts, int hidden,
                  const uint16_t* shared_or_null, uint16_t* out, cudaStream_t stream) {
   if (k > kMaxK || hidden % 8) fail("moe_combine: k {} (at most {}) / hidden {} (multiple of 8)", k, kMaxK, hidden);
-  constexpr int kThreads = 128;
-  dim3 grid((hidden / 8 + kThreads - 1) / kThreads, tokens);
-  launch_programmatic(moe_combine_kernel, grid, dim3(kThreads), 0, stream,
+  dim3 grid((hidden / 8 + kCombineThreads - 1) / kCombineThreads, tokens);
+  launch_programmatic(moe_combine_kernel, grid, dim3(kCombineThreads), 0, stream,
                       reinterpret_cast<const __nv_bfloat16*>(expert_out), topk_ids, k, experts, hidden,
                       reinterpret_cast<const __nv_bfloat16*>(shared_or_null), reinterpret_cast<__nv_bfloat16*>(out));
+}
+
+std::vector<KernelLaunch> moe_routing_kernel_launches() {
+  return {{"moe_route_kernel", kRouteThreads, 0}, {"moe_combine_kernel", kCombineThreads, 0}};
 }
 
 }  // namespace dsv4::cuda

@@ -465,7 +465,7 @@ struct Config {
   }
   static int ctas_per_sm() {
     const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
-    if (L::bytes > optin) return 0;
+    if (L::bytes > optin) return 0;  // sparse_mla_select_tile never picks it
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_decode_kernel<kHeads, kBlock, kSplit>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, L::bytes));
     int blocks = 0;
@@ -496,6 +496,13 @@ auto with_config(int heads_per_cta, int block_entries, int row_group_warps, F&& 
 }
 
 }  // namespace
+
+SparseMlaTile sparse_mla_mma_tile(int heads_per_cta, int block_entries, int row_group_warps) {
+  return with_config(heads_per_cta, block_entries, row_group_warps, [&](auto config) {
+    using L = typename decltype(config)::L;
+    return SparseMlaTile{false, heads_per_cta, block_entries, row_group_warps, L::kThreads, size_t(L::bytes)};
+  });
+}
 
 // CTAs of one configuration that fit an SM of this GPU, 0 if its shared memory does not fit at all.
 // Also sets the kernel's shared-memory limit, so that capture never has to.
@@ -530,9 +537,10 @@ void sparse_mla_decode(const SparseMlaPlan& plan, const SparseMlaArgs& args, cud
     // spreads over ~32 SMs.
     const int heads = kp.jobs * hpc;
     const int slices = heads <= 256 ? 4 : 1;
-    const int grid = std::min((heads * slices + 7) / 8, 2 * plan.grid_ctas());  // 8 warps per CTA
+    const int warps = sparse_mla_detail::kCombineThreads / 32;
+    const int grid = std::min((heads * slices + warps - 1) / warps, 2 * plan.grid_ctas());
     launch_programmatic(slices == 4 ? sparse_mla_combine_kernel<4> : sparse_mla_combine_kernel<1>, dim3(grid),
-                        dim3(256), 0, stream, kp, hpc);
+                        dim3(sparse_mla_detail::kCombineThreads), 0, stream, kp, hpc);
   }
 }
 

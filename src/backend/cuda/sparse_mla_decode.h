@@ -15,8 +15,10 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <vector>
 
 #include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/device_limits.h"
 
 namespace dsv4::cuda {
 
@@ -43,6 +45,27 @@ struct SparseMlaShape {
   // run is an error.
   SparseMlaKernel kernel = SparseMlaKernel::Auto;
 };
+
+// The kernel and tile a plan runs, and what one CTA asks of the GPU.
+struct SparseMlaTile {
+  bool wgmma = false;       // the sm_90a kernel (64 heads × 64 entries), else mma.sync
+  int heads_per_cta = 0, block_entries = 0, row_group_warps = 0;  // row_group_warps: mma.sync only
+  int threads = 0;          // per CTA
+  size_t smem_bytes = 0;    // dynamic shared memory per CTA
+};
+// The choice SparseMlaPlan makes for `shape` on a device with `limits`; host code, no GPU needed.
+// Auto takes wgmma where it can run (limits.is_sm90() && limits.sm90a_code, see SparseMlaShape);
+// the mma.sync tile follows the shape's rules, and where its shared memory exceeds the per-block
+// limit (sm_120: 99 KB) falls back to 32-entry blocks, then to smaller head groups, for each field
+// the shape leaves at 0. Fails where a forced shape cannot run on that device.
+SparseMlaTile sparse_mla_select_tile(const SparseMlaShape& shape, const DeviceLimits& limits);
+// Threads and dynamic shared memory of one mma.sync tile (sparse_mla_decode.cu) and of the wgmma
+// kernel (sparse_mla_decode_wgmma.cu).
+SparseMlaTile sparse_mla_mma_tile(int heads_per_cta, int block_entries, int row_group_warps);
+SparseMlaTile sparse_mla_wgmma_tile();
+// Every kernel the sparse-MLA code may launch on a device with `limits` (each decode tile any
+// valid shape selects there, the combine, plan and list kernels), for the resource test.
+std::vector<KernelLaunch> sparse_mla_kernel_launches(const DeviceLimits& limits);
 
 // The device-side schedule (FlashMLA-style metadata) and the split partials. Work unit = one block
 // of block_entries() positions of one (query, head group) job; CTA c of a fixed grid takes units

@@ -532,3 +532,12 @@ void sparse_mla_wgmma_launch(int grid, const KernelParams& kp, cudaStream_t stre
 }
 
 }  // namespace dsv4::cuda::sparse_mla_detail
+
+namespace dsv4::cuda {
+
+SparseMlaTile sparse_mla_wgmma_tile() {
+  namespace d = sparse_mla_detail;
+  return SparseMlaTile{true, d::kHeads, d::kBlock, 0, d::kThreads, size_t(d::kSmemBytes)};
+}
+
+}  // namespace dsv4::cuda

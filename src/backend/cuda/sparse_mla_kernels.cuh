@@ -19,6 +19,9 @@ struct KernelParams {
   bool fused_combine;
 };
 
+// Threads of the separate combine kernel's CTAs (8 warps).
+constexpr int kCombineThreads = 256;
+
 // ---- FP8 cache entries → bf16 (exact: e4m3 · 2^k fits bf16) ------------------------------------
 __device__ __forceinline__ uint32_t pack_bf16(float lo, float hi) {
   const __nv_bfloat162 b = __floats2bfloat162_rn(lo, hi);

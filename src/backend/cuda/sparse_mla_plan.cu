@@ -1,6 +1,7 @@
 // Device-side scheduling for the sparse-MLA decode kernel (one small kernel, FlashMLA-style, whose
 // output every layer with the same list lengths reuses) and the builder of the per-query entry lists.
 #include <algorithm>
+#include <string>
 
 #include "backend/cuda/ptx_primitives.cuh"
 #include "backend/cuda/sparse_mla_decode.h"
@@ -17,6 +18,7 @@ namespace {
 namespace kl = dsv4::kv_layout;
 constexpr int kWindow = 128;
 constexpr int kPlanThreads = 1024;
+constexpr int kListThreads = 256;
 
 // Exclusive scan of one int per thread over the block; returns the thread's offset, *total = sum.
 __device__ int block_exclusive_scan(int v, int* total) {
@@ -140,51 +142,110 @@ __global__ void build_sparse_mla_lists_kernel(SparseMlaListArgs a) {
 
 }  // namespace
 
-SparseMlaPlan::SparseMlaPlan(const SparseMlaShape& shape) : shape_(shape) {
+SparseMlaTile sparse_mla_select_tile(const SparseMlaShape& shape, const DeviceLimits& limits) {
   DSV4_CHECK(shape.n_heads == 16 || shape.n_heads == 32 || shape.n_heads == 64,
              "sparse MLA: n_heads must be 16, 32 or 64, got {}", shape.n_heads);
-  // The wgmma kernel: 64 heads × 64-entry blocks, 2 K buffers, one CTA per SM.
+  // The wgmma kernel: 64 heads × 64-entry blocks, 2 K buffers, one CTA per SM; an sm_90 GPU that
+  // runs the sm_90a code (by capability: no other GPU takes it).
+  const bool wgmma_runs = limits.is_sm90() && limits.sm90a_code;
   const bool wgmma_fits = shape.n_heads == 64 && shape.split_kv && !shape.fused_combine &&
                           (shape.heads_per_cta == 0 || shape.heads_per_cta == 64) &&
                           (shape.block_entries == 0 || shape.block_entries == 64) && shape.row_group_warps == 0;
   if (shape.kernel == SparseMlaKernel::Wgmma) {
-    DSV4_CHECK(sparse_mla_detail::sparse_mla_wgmma_supported(),
-               "sparse MLA: the wgmma kernel needs an sm_90 GPU and a build with sm_90a");
+    DSV4_CHECK(wgmma_runs, "sparse MLA: the wgmma kernel needs an sm_90 GPU and a build with sm_90a");
     DSV4_CHECK(wgmma_fits,
                "sparse MLA: the wgmma kernel takes 64 heads in 64-head × 64-entry tiles, split-KV, separate combine");
   }
   // Auto from 2 queries: on the H200 the wgmma kernel measured 12.0 µs against 13.0 (mma.sync, 32 heads
   // × 32 entries) at 2 queries and 16.3 against 19.9 at 8; at 1 query both are ~11.8 µs
   // (docs/perf/2026-11-30-sparse-mla-wgmma.md).
-  wgmma_ = shape.kernel == SparseMlaKernel::Wgmma ||
-           (shape.kernel == SparseMlaKernel::Auto && wgmma_fits && shape.max_queries >= 2 &&
-            sparse_mla_detail::sparse_mla_wgmma_supported());
-  heads_per_cta_ = wgmma_ ? 64 : shape.heads_per_cta;
-  if (heads_per_cta_ == 0) {
+  if (shape.kernel == SparseMlaKernel::Wgmma ||
+      (shape.kernel == SparseMlaKernel::Auto && wgmma_fits && shape.max_queries >= 2 && wgmma_runs)) {
+    const SparseMlaTile tile = sparse_mla_wgmma_tile();
+    DSV4_CHECK(tile.smem_bytes <= limits.smem_per_block_optin, "sparse MLA: the wgmma kernel's {} B of shared "
+               "memory exceed this GPU's {} B per block", tile.smem_bytes, limits.smem_per_block_optin);
+    return tile;
+  }
+  int heads = shape.heads_per_cta;
+  if (heads == 0) {
     // Small batches: smaller head groups put more CTAs on the GPU. On the H200 at 1 and 2 queries
     // 16 heads × 32 entries beat 32 × 32 (10.5–10.6 against 11.1–11.2 µs, 11.9 against 12.6) once the
     // combine merged many pieces cheaply (docs/perf/2026-11-30-sparse-mla-combine.md; before it 32 × 32
     // won, docs/perf/sparse_mla_indexer.md). 3–7 queries (mma.sync only where wgmma cannot run) keep 32.
-    heads_per_cta_ = shape.max_queries >= 8 ? 64 : shape.max_queries <= 2 ? 16 : 32;
+    heads = shape.max_queries >= 8 ? 64 : shape.max_queries <= 2 ? 16 : 32;
   }
-  heads_per_cta_ = std::min(heads_per_cta_, shape.n_heads);
-  DSV4_CHECK(heads_per_cta_ == 16 || heads_per_cta_ == 32 || heads_per_cta_ == 64,
-             "sparse MLA: heads_per_cta must be 16, 32 or 64");
-  block_entries_ = wgmma_ ? 64 : shape.block_entries ? shape.block_entries : shape.max_queries >= 8 ? 64 : 32;
-  DSV4_CHECK(block_entries_ == 32 || block_entries_ == 64, "sparse MLA: block_entries must be 32 or 64, got {}",
-             block_entries_);
+  heads = std::min(heads, shape.n_heads);
+  DSV4_CHECK(heads == 16 || heads == 32 || heads == 64, "sparse MLA: heads_per_cta must be 16, 32 or 64");
+  int block = shape.block_entries ? shape.block_entries : shape.max_queries >= 8 ? 64 : 32;
+  DSV4_CHECK(block == 32 || block == 64, "sparse MLA: block_entries must be 32 or 64, got {}", block);
   // The fused combine is compiled only into the 2-warp form (the 4-warp form has no registers to spare).
-  row_group_warps_ = shape.row_group_warps ? shape.row_group_warps : shape.fused_combine ? 2 : 4;
-  DSV4_CHECK(row_group_warps_ == 2 || row_group_warps_ == 4, "sparse MLA: row_group_warps must be 2 or 4, got {}",
-             row_group_warps_);
-  DSV4_CHECK(!shape.fused_combine || row_group_warps_ == 2, "sparse MLA: the fused combine needs row_group_warps 2");
-  // Also sets the kernel's smem limit. Where the tile does not fit (sm_120: ~99 KB per block), fall
-  // back to 32-entry blocks, then to smaller head groups.
-  int ctas_per_sm = wgmma_ ? 1 : sparse_mla_ctas_per_sm(heads_per_cta_, block_entries_, row_group_warps_);
-  if (ctas_per_sm == 0 && shape.block_entries == 0 && block_entries_ == 64)
-    ctas_per_sm = sparse_mla_ctas_per_sm(heads_per_cta_, block_entries_ = 32, row_group_warps_);
-  while (ctas_per_sm == 0 && shape.heads_per_cta == 0 && heads_per_cta_ > 16)
-    ctas_per_sm = sparse_mla_ctas_per_sm(heads_per_cta_ /= 2, block_entries_, row_group_warps_);
+  const int warps = shape.row_group_warps ? shape.row_group_warps : shape.fused_combine ? 2 : 4;
+  DSV4_CHECK(warps == 2 || warps == 4, "sparse MLA: row_group_warps must be 2 or 4, got {}", warps);
+  DSV4_CHECK(!shape.fused_combine || warps == 2, "sparse MLA: the fused combine needs row_group_warps 2");
+  // Where the tile's shared memory exceeds the block limit (sm_120: 99 KB; every tile fits the H200's
+  // 227 KB), 32-entry blocks, then smaller head groups: the tiles of 16 or 32 heads × 32 entries
+  // (70–88 KB) fit there.
+  auto fits = [&] { return sparse_mla_mma_tile(heads, block, warps).smem_bytes <= limits.smem_per_block_optin; };
+  if (!fits() && shape.block_entries == 0 && block == 64) block = 32;
+  while (!fits() && shape.heads_per_cta == 0 && heads > 16) heads /= 2;
+  const SparseMlaTile tile = sparse_mla_mma_tile(heads, block, warps);
+  DSV4_CHECK(fits(), "sparse MLA decode: the {}-head × {}-entry tile ({} B) does not fit this GPU's shared memory "
+             "({} B per block)", heads, block, tile.smem_bytes, limits.smem_per_block_optin);
+  return tile;
+}
+
+std::vector<KernelLaunch> sparse_mla_kernel_launches(const DeviceLimits& limits) {
+  // Every shape a caller can ask for: the backend's (Auto, any batch bucket, split or not) and the
+  // forced ones of tests and benchmarks; a shape that cannot run there fails in the plan, launching nothing.
+  std::vector<KernelLaunch> out;
+  auto add = [&](const KernelLaunch& k) {
+    for (const KernelLaunch& o : out)
+      if (o.kernel == k.kernel && o.threads == k.threads && o.dynamic_smem == k.dynamic_smem) return;
+    out.push_back(k);
+  };
+  using K = SparseMlaKernel;
+  for (int n_heads : {16, 32, 64})
+    for (int max_queries : {1, 2, 3, 4, 7, 8, 16, 64, 128, 1024})
+      for (int hpc : {0, 16, 32, 64})
+        for (int block : {0, 32, 64})
+          for (int warps : {0, 2, 4})
+            for (int flags = 0; flags < 4; ++flags)
+              for (K kernel : {K::Auto, K::MmaSync, K::Wgmma}) {
+                SparseMlaShape shape;
+                shape.n_heads = n_heads;
+                shape.max_queries = max_queries;
+                shape.heads_per_cta = hpc;
+                shape.block_entries = block;
+                shape.row_group_warps = warps;
+                shape.split_kv = (flags & 1) == 0;
+                shape.fused_combine = (flags & 2) != 0;
+                shape.kernel = kernel;
+                SparseMlaTile t;
+                try {
+                  t = sparse_mla_select_tile(shape, limits);
+                } catch (const Error&) {
+                  continue;
+                }
+                add({t.wgmma ? std::string("sparse_mla_wgmma_kernel")
+                             : fmt::format("sparse_mla_decode_kernel<{}, {}, {}>", t.heads_per_cta, t.block_entries,
+                                           t.row_group_warps),
+                     t.threads, t.smem_bytes});
+              }
+  add({"sparse_mla_combine_kernel<1>", sparse_mla_detail::kCombineThreads, 0});
+  add({"sparse_mla_combine_kernel<4>", sparse_mla_detail::kCombineThreads, 0});
+  add({"sparse_mla_plan_kernel", kPlanThreads, 0});
+  add({"build_sparse_mla_lists_kernel", kListThreads, 0});
+  return out;
+}
+
+SparseMlaPlan::SparseMlaPlan(const SparseMlaShape& shape) : shape_(shape) {
+  const SparseMlaTile tile = sparse_mla_select_tile(shape, current_device_limits());
+  wgmma_ = tile.wgmma;
+  heads_per_cta_ = tile.heads_per_cta;
+  block_entries_ = tile.block_entries;
+  row_group_warps_ = wgmma_ ? 4 : tile.row_group_warps;  // (mma.sync's; reported as 4 for wgmma, as before)
+  // Also sets the kernel's smem limit.
+  const int ctas_per_sm = wgmma_ ? 1 : sparse_mla_ctas_per_sm(heads_per_cta_, block_entries_, row_group_warps_);
   DSV4_CHECK(ctas_per_sm > 0, "sparse MLA decode: the {}-head × {}-entry tile does not fit this GPU's shared memory",
              heads_per_cta_, block_entries_);
   const int head_groups = shape.n_heads / heads_per_cta_;
@@ -223,8 +284,8 @@ SparseMlaPlan::View SparseMlaPlan::view() const {
 void build_sparse_mla_lists(const SparseMlaListArgs& args, cudaStream_t stream) {
   if (args.num_queries <= 0) return;
   const int stride = kWindow + args.compressed_capacity;
-  dim3 grid((stride + 255) / 256, args.num_queries);
-  build_sparse_mla_lists_kernel<<<grid, 256, 0, stream>>>(args);
+  dim3 grid((stride + kListThreads - 1) / kListThreads, args.num_queries);
+  build_sparse_mla_lists_kernel<<<grid, kListThreads, 0, stream>>>(args);
   DSV4_CUDA_CHECK_LAUNCH();
 }
 

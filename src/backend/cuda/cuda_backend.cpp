@@ -1,0 +1,295 @@
+// CUDA backend: memory, weights, row ops, linears, hyper-connections and the head. Attention,
+// caches and the compressor are in cuda_backend_attention.cpp, the MoE in cuda_backend_moe.cpp.
+#include "backend/cuda/cuda_backend.h"
+
+#include <algorithm>
+#include <bit>
+
+#include "backend/cuda/act_quant_fp8.h"
+#include "backend/cuda/hyper_connection.h"
+#include "backend/cuda/indexer_topk.h"
+#include "backend/cuda/linear.h"
+#include "backend/cuda/moe_fp4.h"
+#include "backend/cuda/row_ops.h"
+#include "backend/cuda/sampling.h"
+#include "backend/cuda/sparse_mla_decode.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace dsv4::cuda {
+
+// ---- memory ----
+
+DeviceMemoryPool::~DeviceMemoryPool() {
+  for (auto& [size, list] : free_)
+    for (void* p : list) cudaFree(p);
+}
+
+// Four classes per power of two (≤ 25% slack), 256 bytes at least.
+size_t DeviceMemoryPool::size_class(size_t bytes) {
+  bytes = std::max<size_t>(bytes, 256);
+  const size_t top = std::bit_floor(bytes);
+  const size_t step = std::max<size_t>(top / 4, 256);
+  return (bytes + step - 1) / step * step;
+}
+
+void* DeviceMemoryPool::get(size_t bytes) {
+  const size_t c = size_class(bytes);
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    auto it = free_.find(c);
+    if (it != free_.end() && !it->second.empty()) {
+      void* p = it->second.back();
+      it->second.pop_back();
+      return p;
+    }
+  }
+  void* p = nullptr;
+  cudaError_t err = cudaMalloc(&p, c);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail("CUDA backend: out of device memory allocating {:.1f} MB ({} MB already held by the tensor pool)", double(c) / 1e6,
+         held_ / 1000000);
+  }
+  held_ += c;
+  return p;
+}
+
+void DeviceMemoryPool::put(void* p, size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  free_[size_class(bytes)].push_back(p);
+}
+
+CudaBackend::CudaBackend() : memory_(std::make_shared<DeviceMemoryPool>()) {
+  if (const char* p = std::getenv("DSV4_MOE_PATH")) {
+    const std::string v = p;
+    if (v == "w4a16") moe_path_override_ = int(MoeFp4Path::W4A16Decode);
+    else if (v == "w4a16-batched") moe_path_override_ = int(MoeFp4Path::W4A16Batched);
+    else if (v == "w4a8") moe_path_override_ = int(MoeFp4Path::W4A8);
+    else if (v != "auto") fail("DSV4_MOE_PATH={}: expected auto, w4a16, w4a16-batched or w4a8", v);
+  }
+}
+
+CudaBackend::~CudaBackend() { cudaStreamSynchronize(stream_.get()); }
+
+std::string CudaBackend::name() const {
+  int device = 0;
+  cudaDeviceProp prop{};
+  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "cuda";
+  return fmt::format("cuda ({}, sm_{}{}, {} SMs, {:.0f} GB)", prop.name, prop.major, prop.minor, prop.multiProcessorCount,
+                     double(prop.totalGlobalMem) / 1e9);
+}
+
+void CudaBackend::synchronize() { stream_.sync(); }
+
+const void* CudaBackend::place_weight(const void* host, size_t bytes) {
+  DeviceBuffer<uint8_t> buf(std::max<size_t>(bytes, 1));
+  if (bytes) DSV4_CUDA_CHECK(cudaMemcpy(buf.get(), host, bytes, cudaMemcpyHostToDevice));
+  weights_.push_back(std::move(buf));
+  return weights_.back().get();
+}
+
+Tensor CudaBackend::alloc(DType dtype, std::vector<int64_t> shape) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  const size_t bytes = t.nbytes();
+  void* p = memory_->get(bytes);
+  std::shared_ptr<DeviceMemoryPool> pool = memory_;
+  t.storage = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [pool, bytes](uint8_t* q) { pool->put(q, bytes); });
+  t.data = p;
+  return t;
+}
+
+Tensor CudaBackend::from_host(DType dtype, std::vector<int64_t> shape, const void* data) {
+  Tensor t = alloc(dtype, std::move(shape));
+  // Pageable source: the call returns once the bytes are staged, so `data` may die afterwards.
+  if (t.nbytes()) DSV4_CUDA_CHECK(cudaMemcpyAsync(t.data, data, t.nbytes(), cudaMemcpyHostToDevice, stream()));
+  return t;
+}
+
+void CudaBackend::to_host(const Tensor& t, void* dst) {
+  if (!t.nbytes()) return;
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, t.data, t.nbytes(), cudaMemcpyDeviceToHost, stream()));
+  stream_.sync();
+}
+
+void CudaBackend::copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) {
+  const size_t row_bytes = src.rows() ? src.nbytes() / size_t(src.rows()) : 0;
+  if (!rows || !row_bytes) return;
+  DSV4_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + size_t(dst_row) * row_bytes,
+                                  static_cast<const uint8_t*>(src.data) + size_t(src_row) * row_bytes,
+                                  size_t(rows) * row_bytes, cudaMemcpyDeviceToDevice, stream()));
+}
+
+Tensor CudaBackend::upload_ids(const std::vector<int64_t>& ids) {
+  std::vector<int32_t> v(ids.size());
+  for (size_t i = 0; i < ids.size(); ++i) {
+    DSV4_CHECK(ids[i] >= -1 && ids[i] <= INT32_MAX, "entry id {} does not fit the kernels' int32 ids", ids[i]);
+    v[i] = int32_t(ids[i]);
+  }
+  return upload(DType::I32, v);
+}
+
+// ---- row ops ----
+
+Tensor CudaBackend::embed(const std::vector<int32_t>& ids, const uint16_t* table, int dim) {
+  Tensor d_ids = upload(DType::I32, ids);
+  Tensor out = alloc(DType::BF16, {int64_t(ids.size()), dim});
+  embed_rows(d_ids.ptr<int32_t>(), int64_t(ids.size()), table, dim, 1, out.ptr<uint16_t>(), stream());
+  return out;
+}
+
+Tensor CudaBackend::rms_norm(const Tensor& x, const uint16_t* weight, float eps) {
+  const int64_t rows = x.rows(), n = x.numel() / std::max<int64_t>(rows, 1);
+  Tensor out = alloc(DType::BF16, x.shape);
+  cuda::rms_norm(x.ptr<uint16_t>(), weight, rows, int(n), eps, out.ptr<uint16_t>(), stream());
+  return out;
+}
+
+void CudaBackend::head_rms_norm(Tensor& x, int head_dim, float eps) {
+  cuda::head_rms_norm(x.ptr<uint16_t>(), x.numel() / head_dim, head_dim, eps, stream());
+}
+
+void CudaBackend::rope(Tensor& x, int head_dim, int rope_dim, const std::vector<int32_t>& positions,
+                       const RopeTable& table, bool inverse) {
+  const int64_t rows = x.rows();
+  DSV4_CHECK(int64_t(positions.size()) == rows, "rope: {} positions for {} rows", positions.size(), rows);
+  DSV4_CHECK(table.device, "rope: the frequency table was not placed on the device");
+  if (!rows) return;
+  Tensor pos = upload(DType::I32, positions);
+  cuda::rope(x.ptr<uint16_t>(), rows, int(x.numel() / rows / head_dim), head_dim, rope_dim, pos.ptr<int32_t>(),
+             table.device, inverse, stream());
+}
+
+void CudaBackend::fp8_simulate(Tensor& x, int row_width, int channels) {
+  cuda::fp8_simulate(x.ptr<uint16_t>(), x.numel() / row_width, row_width, channels, stream());
+}
+
+void CudaBackend::hadamard_fp4_simulate(Tensor& x, int width) {
+  DSV4_CHECK(width == 128, "hadamard: width {} (only 128 is used by the model)", width);
+  cuda::hadamard_fp4_simulate(x.ptr<uint16_t>(), x.numel() / width, stream());
+}
+
+Tensor CudaBackend::add(const Tensor& a, const Tensor& b) {
+  DSV4_CHECK(a.numel() == b.numel(), "add: {} and {} elements", a.numel(), b.numel());
+  Tensor out = alloc(DType::BF16, a.shape);
+  add_bf16(a.ptr<uint16_t>(), b.ptr<uint16_t>(), a.numel(), out.ptr<uint16_t>(), stream());
+  return out;
+}
+
+Tensor CudaBackend::scale(const Tensor& x, float s) {
+  Tensor out = alloc(DType::BF16, x.shape);
+  scale_bf16(x.ptr<uint16_t>(), s, x.numel(), out.ptr<uint16_t>(), stream());
+  return out;
+}
+
+Tensor CudaBackend::to_bf16(const Tensor& x) {
+  Tensor out = alloc(DType::BF16, x.shape);
+  f32_to_bf16(x.ptr<float>(), x.numel(), out.ptr<uint16_t>(), stream());
+  return out;
+}
+
+// ---- linears ----
+
+Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) {
+  const int64_t rows = x.rows();
+  DSV4_CHECK(x.numel() == rows * w.in, "linear {}: input has {} values per row, weight expects {}", w.name,
+             x.numel() / std::max<int64_t>(rows, 1), w.in);
+  if (w.format == WeightFormat::BF16) return linear_bf16(x, reinterpret_cast<const uint16_t*>(w.w), w.out, w.in);
+  DSV4_CHECK(w.format == WeightFormat::FP8_BLOCK, "linear {}: {} weights run through moe_experts", w.name,
+             weight_format_name(w.format));
+  DSV4_CHECK(w.in % 128 == 0, "linear {}: input width {} is not a multiple of 128", w.name, w.in);
+  Tensor out = alloc(DType::BF16, {rows, w.out});
+  if (!rows) return out;
+  Tensor q = alloc(DType::U8, {rows, w.in});
+  Tensor s = alloc(DType::F32, {rows, w.in / 128});
+  linear_fp8_block(x.ptr<uint16_t>(), rows, w.in, w.w, w.scale, w.out, q.ptr<uint8_t>(), s.ptr<float>(),
+                   out.ptr<uint16_t>(), stream());
+  return out;
+}
+
+Tensor CudaBackend::linear_bf16(const Tensor& x, const uint16_t* w, int out_dim, int in) {
+  const int64_t rows = x.rows();
+  Tensor out = alloc(DType::BF16, {rows, out_dim});
+  if (rows)
+    linear_bf16w(x.data, x.dtype == DType::F32, rows, in, in, 1, w, out_dim, out.data, false, stream());
+  return out;
+}
+
+Tensor CudaBackend::linear_f32(const Tensor& x, const uint16_t* w, int out_dim, int in) {
+  const int64_t rows = x.rows();
+  Tensor out = alloc(DType::F32, {rows, out_dim});
+  if (rows)
+    linear_bf16w(x.data, x.dtype == DType::F32, rows, in, in, 1, w, out_dim, out.data, true, stream());
+  return out;
+}
+
+Tensor CudaBackend::grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) {
+  const int64_t rows = o.rows();
+  const int64_t gd = o.numel() / std::max<int64_t>(rows, 1) / groups;
+  Tensor out = alloc(DType::BF16, {rows, int64_t(groups) * rank});
+  if (rows)
+    linear_bf16w(o.data, false, rows, int(gd), int64_t(groups) * gd, groups, wo_a, groups * rank, out.data, false,
+                 stream());
+  return out;
+}
+
+Tensor CudaBackend::logits(const Tensor& h, const uint16_t* head, int vocab) {
+  return linear_f32(h, head, vocab, int(h.numel() / std::max<int64_t>(h.rows(), 1)));
+}
+
+std::vector<int32_t> CudaBackend::sample(const Tensor& logits, const std::vector<SamplingParams>& params,
+                                         const std::vector<uint64_t>& counters) {
+  const int64_t rows = logits.rows();
+  DSV4_CHECK(int64_t(params.size()) == rows && int64_t(counters.size()) == rows,
+             "sample: {} rows, {} parameter sets, {} counters", rows, params.size(), counters.size());
+  std::vector<int32_t> out(static_cast<size_t>(rows));
+  if (!rows) return out;
+  const int vocab = int(logits.numel() / rows);
+  Tensor p = from_host(DType::U8, {int64_t(params.size() * sizeof(SamplingParams))}, params.data());
+  Tensor c = from_host(DType::U8, {int64_t(counters.size() * 8)}, counters.data());
+  Tensor ws = alloc(DType::U8, {int64_t(sampling_workspace_bytes(rows, vocab))});
+  Tensor ids = alloc(DType::I32, {rows});
+  sample_tokens(logits.ptr<float>(), rows, vocab, p.ptr<SamplingParams>(), c.ptr<uint64_t>(), ids.ptr<int32_t>(),
+                ws.data, stream());
+  to_host(ids, out.data());
+  return out;
+}
+
+// ---- hyper-connections ----
+
+Tensor CudaBackend::hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mult, int iters, float norm_eps,
+                           float hc_eps, Tensor* post, Tensor* comb) {
+  const int64_t T = X.rows();
+  const int64_t D = X.numel() / std::max<int64_t>(T, 1) / hc_mult;
+  Tensor out = alloc(DType::BF16, {T, D});
+  *post = alloc(DType::F32, {T, hc_mult});
+  *comb = alloc(DType::F32, {T, hc_mult, hc_mult});
+  if (T)
+    cuda::hc_pre(X.ptr<uint16_t>(), T, hc_mult, int(D), hc.fn, hc.base, hc.scale, iters, norm_eps, hc_eps,
+                 out.ptr<uint16_t>(), post->ptr<float>(), comb->ptr<float>(), stream());
+  return out;
+}
+
+Tensor CudaBackend::hc_post(const Tensor& y, const Tensor& X, const Tensor& post, const Tensor& comb) {
+  const int64_t T = y.rows(), D = y.numel() / std::max<int64_t>(T, 1);
+  const int n = int(post.numel() / std::max<int64_t>(T, 1));
+  Tensor out = alloc(DType::BF16, X.shape);
+  if (T)
+    cuda::hc_post(y.ptr<uint16_t>(), X.ptr<uint16_t>(), post.ptr<float>(), comb.ptr<float>(), T, n, int(D),
+                  out.ptr<uint16_t>(), stream());
+  return out;
+}
+
+Tensor CudaBackend::hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps) {
+  const int64_t T = X.rows();
+  const int64_t D = X.numel() / std::max<int64_t>(T, 1) / hc_mult;
+  Tensor out = alloc(DType::BF16, {T, D});
+  if (T)
+    cuda::hc_head(X.ptr<uint16_t>(), T, hc_mult, int(D), hc.fn, hc.base, hc.scale, norm_eps, hc_eps,
+                  out.ptr<uint16_t>(), stream());
+  return out;
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,123 @@
+// The CUDA backend: every op of backend.h on the GPU, composed of the kernels in this folder (one
+// op per .cu, each tested against its CPU twin). All work goes to one stream in order; tensors come
+// from a caching pool, so a step after the first allocates nothing from the driver. Host reads
+// (to_host) synchronise; nothing else does.
+//
+// Where a kernel has a fixed head count (sparse MLA: 16/32/64 heads; indexer: 64 heads) smaller
+// models are padded with zero heads: a zero query head's scores are 0 and its output is dropped;
+// a zero indexer head weight adds an exact 0 to every score.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <map>
+#include <memory>
+#include <mutex>
+#include <tuple>
+#include <vector>
+
+#include "backend/backend.h"
+#include "backend/cpu/moe_fp4_reference.h"
+#include "backend/cuda/cuda_utils.h"
+
+namespace dsv4::cuda {
+
+class IndexerWorkspace;
+class SparseMlaPlan;
+class MoeWorkspace;
+
+// Device memory handed out by size class and kept for reuse (stream-ordered: one stream).
+class DeviceMemoryPool {
+ public:
+  ~DeviceMemoryPool();
+  void* get(size_t bytes);
+  void put(void* p, size_t bytes);
+  size_t bytes_held() const { return held_; }
+
+ private:
+  static size_t size_class(size_t bytes);
+  std::mutex mu_;
+  std::map<size_t, std::vector<void*>> free_;
+  size_t held_ = 0;
+};
+
+class CudaBackend final : public Backend {
+ public:
+  CudaBackend();
+  ~CudaBackend() override;
+  std::string name() const override;
+  cudaStream_t stream() const { return stream_.get(); }
+
+  const void* place_weight(const void* host, size_t bytes) override;
+  void prepare_experts(MoeWeights& w, float swiglu_limit) override;
+  void synchronize() override;
+
+  Tensor alloc(DType dtype, std::vector<int64_t> shape) override;
+  Tensor from_host(DType dtype, std::vector<int64_t> shape, const void* data) override;
+  void to_host(const Tensor& t, void* dst) override;
+  void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) override;
+
+  Tensor embed(const std::vector<int32_t>& ids, const uint16_t* table, int dim) override;
+  Tensor rms_norm(const Tensor& x, const uint16_t* weight, float eps) override;
+  void head_rms_norm(Tensor& x, int head_dim, float eps) override;
+  void rope(Tensor& x, int head_dim, int rope_dim, const std::vector<int32_t>& positions, const RopeTable& table,
+            bool inverse) override;
+  void fp8_simulate(Tensor& x, int row_width, int channels) override;
+  void hadamard_fp4_simulate(Tensor& x, int width) override;
+  Tensor add(const Tensor& a, const Tensor& b) override;
+  Tensor scale(const Tensor& x, float s) override;
+
+  Tensor linear(const Tensor& x, const LinearWeight& w) override;
+  Tensor linear_bf16(const Tensor& x, const uint16_t* w, int out, int in) override;
+  Tensor linear_f32(const Tensor& x, const uint16_t* w, int out, int in) override;
+  Tensor grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) override;
+
+  Tensor hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mult, int iters, float norm_eps, float hc_eps,
+                Tensor* post, Tensor* comb) override;
+  Tensor hc_post(const Tensor& y, const Tensor& X, const Tensor& post, const Tensor& comb) override;
+  Tensor hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps) override;
+
+  void grow_pool(EntryPool& pool, int64_t pages) override;
+  void write_entries(const Tensor& values, const std::vector<int64_t>& rows, const std::vector<int64_t>& entries,
+                     EntryPool& pool) override;
+  void copy_entries(const std::vector<int64_t>& src, const std::vector<int64_t>& dst, EntryPool& pool) override;
+  Tensor sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
+                          const std::vector<int64_t>& entry_lists, int list_len, const float* sink, float scale) override;
+  Tensor indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
+                      const std::vector<int64_t>& key_lists, const std::vector<int32_t>& key_counts, int max_keys,
+                      int k) override;
+
+  Tensor compressor_update(const Tensor& a, const Tensor& g, int64_t row0, int64_t n, int64_t pos0, const float* ape,
+                           int ratio, int d, CompressorState& state) override;
+  void compressor_state_init(CompressorState& state, int ratio, int d) override;
+  Tensor to_bf16(const Tensor& x) override;
+
+  Routing route(const Tensor& x, const MoeWeights& w, const std::vector<int32_t>& token_ids, int k,
+                float route_scale) override;
+  Tensor moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override;
+
+  Tensor logits(const Tensor& h, const uint16_t* head, int vocab) override;
+  std::vector<int32_t> sample(const Tensor& logits, const std::vector<SamplingParams>& params,
+                              const std::vector<uint64_t>& counters) override;
+
+ private:
+  template <typename T>
+  Tensor upload(DType dtype, const std::vector<T>& v) {
+    return from_host(dtype, {int64_t(v.size())}, v.data());
+  }
+  Tensor upload_ids(const std::vector<int64_t>& ids);  // int64 host ids → I32 device
+  SparseMlaPlan& attention_plan(int queries, int heads);
+  IndexerWorkspace& indexer_workspace(int queries, int keys);
+
+  Stream stream_;
+  std::shared_ptr<DeviceMemoryPool> memory_;
+  std::vector<DeviceBuffer<uint8_t>> weights_;  // placed weights, alive as long as the backend
+  std::map<std::pair<int, int>, std::unique_ptr<SparseMlaPlan>> plans_;
+  std::unique_ptr<IndexerWorkspace> indexer_ws_;
+  MoeWorkspace& moe_workspace(const MoeFp4Shape& shape, int tokens, int k);
+  // One scratch per expert shape, shared by the layers (they run one after another on the stream).
+  std::map<std::tuple<int, int, int, int, int>, std::unique_ptr<MoeWorkspace>> moe_ws_;
+  int moe_path_override_ = -1;  // DSV4_MOE_PATH (tests): a forced MoeFp4Path
+  bool logged_paths_ = false;
+};
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,230 @@
+// CUDA backend: cache entries, sparse attention with sink, the indexer and the compressors
+// (SPEC §3.4–§3.6, §4.2), on the kernels of kv_cache.cu, sparse_mla_*.cu, indexer_topk.cu and
+// compressor.cu.
+#include <cuda_bf16.h>
+
+#include <algorithm>
+#include <bit>
+#include <cstdlib>
+#include <string>
+
+#include "backend/cuda/compressor.h"
+#include "backend/cuda/device_limits.h"
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/indexer_topk.h"
+#include "backend/cuda/kv_cache.h"
+#include "backend/cuda/sparse_mla_decode.h"
+#include "backend/kv_cache_layout.h"
+#include "core/error.h"
+
+namespace dsv4::cuda {
+
+namespace kl = dsv4::kv_layout;
+
+namespace {
+size_t page_bytes(EntryKind kind) { return kind == EntryKind::KV ? kl::kKvPageBytes : kl::kIndexFp4PageBytes; }
+
+// Copies the first min(src_heads, dst_heads) heads (`head_bytes` each) of `rows` rows between
+// rows of different head counts: the zero-head padding of the fixed-head kernels, and back.
+void copy_heads(void* dst, int dst_heads, const void* src, int src_heads, int64_t rows, size_t head_bytes,
+                cudaStream_t stream) {
+  const size_t width = size_t(std::min(src_heads, dst_heads)) * head_bytes;
+  DSV4_CUDA_CHECK(cudaMemcpy2DAsync(dst, dst_heads * head_bytes, src, src_heads * head_bytes, width, size_t(rows),
+                                    cudaMemcpyDeviceToDevice, stream));
+}
+}  // namespace
+
+void CudaBackend::grow_pool(EntryPool& pool, int64_t pages) {
+  if (pages <= pool.pages) return;
+  Tensor bigger = alloc(DType::U8, {pages * int64_t(page_bytes(pool.kind))});
+  DSV4_CUDA_CHECK(cudaMemsetAsync(bigger.data, 0, bigger.nbytes(), stream()));
+  if (pool.storage.data)
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(bigger.data, pool.storage.data, pool.storage.nbytes(), cudaMemcpyDeviceToDevice,
+                                    stream()));
+  pool.storage = std::move(bigger);
+  pool.pages = pages;
+}
+
+void CudaBackend::write_entries(const Tensor& values, const std::vector<int64_t>& rows,
+                                const std::vector<int64_t>& entries, EntryPool& pool) {
+  const int64_t n = values.rows();
+  if (rows.empty() || !n) return;
+  const int64_t width = values.numel() / n;
+  // The kernels take one entry id per value row (−1 = not written).
+  std::vector<int64_t> ids(size_t(n), -1);
+  for (size_t i = 0; i < rows.size(); ++i) {
+    DSV4_CHECK(rows[i] >= 0 && rows[i] < n && ids[size_t(rows[i])] == -1, "write_entries: row {} invalid or repeated",
+               rows[i]);
+    DSV4_CHECK(entries[i] >= 0 && entries[i] < pool.pages * kl::kEntriesPerPage, "entry {} outside the pool", entries[i]);
+    ids[size_t(rows[i])] = entries[i];
+  }
+  Tensor d_ids = upload_ids(ids);
+  const auto* v = reinterpret_cast<const __nv_bfloat16*>(values.data);
+  if (pool.kind == EntryKind::KV) {
+    DSV4_CHECK(width == kl::kHeadDim, "KV entries are {} wide, got {}", kl::kHeadDim, width);
+    append_kv_entries(v, d_ids.ptr<int32_t>(), int(n), pool.storage.ptr<uint8_t>(), stream());
+  } else {
+    DSV4_CHECK(width == kl::kIndexDim, "indexer keys are {} wide, got {}", kl::kIndexDim, width);
+    append_index_keys_fp4(v, d_ids.ptr<int32_t>(), int(n), pool.storage.ptr<uint8_t>(), stream());
+  }
+}
+
+void CudaBackend::copy_entries(const std::vector<int64_t>& src, const std::vector<int64_t>& dst, EntryPool& pool) {
+  DSV4_CHECK(pool.kind == EntryKind::KV, "copy_entries: KV pools only");
+  DSV4_CHECK(src.size() == dst.size(), "copy_entries: {} sources, {} destinations", src.size(), dst.size());
+  if (src.empty()) return;
+  Tensor s = upload_ids(src), d = upload_ids(dst);
+  copy_kv_entries(s.ptr<int32_t>(), d.ptr<int32_t>(), int(src.size()), pool.storage.ptr<uint8_t>(), stream());
+}
+
+SparseMlaPlan& CudaBackend::attention_plan(int queries, int heads) {
+  // One plan per power-of-two query bucket: a plan sizes its partials for its maximum.
+  const int bucket = int(std::bit_ceil(unsigned(std::max(queries, 1))));
+  auto& plan = plans_[{bucket, heads}];
+  if (!plan) {
+    SparseMlaShape shape;
+    shape.max_queries = bucket;
+    shape.n_heads = heads;
+    // One CTA per (query, head group) over its whole list: the reference's online softmax, whose
+    // bf16 rounding of P is relative to the running maximum over all earlier blocks. Split-KV
+    // pieces round against their own maximum instead; on the fixtures that moves chaotic layers
+    // from 0.7% to 1.6% (whole prompt) and 3.1% (decode) against the golden streams, past the 3%
+    // tolerance (docs/perf/2026-12-01-cuda-forward.md). DSV4_ATTN_SPLIT=1 turns split-KV on
+    // (faster at small batch) for measurements until the split path rounds like the reference.
+    shape.split_kv = false;
+    if (const char* e = std::getenv("DSV4_ATTN_SPLIT")) shape.split_kv = std::string(e) == "1";
+    // Softmax blocks of 64 list positions, the reference's (SPEC §3.6; the bf16 rounding of P is
+    // relative to each block's running maximum, so 32-entry blocks round differently — on the
+    // fixtures enough to move a chaotic layer past the golden tolerance). Only where no 64-entry
+    // tile fits (sm_120's 99 KB) does the plan fall back to 32.
+    shape.block_entries = 64;
+    try {
+      (void)sparse_mla_select_tile(shape, current_device_limits());
+    } catch (const Error&) {
+      shape.block_entries = 0;
+    }
+    plan = std::make_unique<SparseMlaPlan>(shape);
+  }
+  return *plan;
+}
+
+Tensor CudaBackend::sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
+                                     const std::vector<int64_t>& entry_lists, int list_len, const float* sink,
+                                     float scale) {
+  DSV4_CHECK(head_dim == kl::kHeadDim, "sparse_attention: head_dim {}", head_dim);
+  const int64_t T = q.rows();
+  Tensor out = alloc(DType::BF16, {T, n_heads, head_dim});
+  if (!T) return out;
+  DSV4_CHECK(int64_t(entry_lists.size()) == T * list_len, "sparse_attention: {} list entries for {} × {}",
+             entry_lists.size(), T, list_len);
+  const int heads = n_heads <= 16 ? 16 : n_heads <= 32 ? 32 : 64;
+  DSV4_CHECK(n_heads <= 64, "sparse_attention: {} heads per rank (at most 64)", n_heads);
+  const size_t head_bytes = size_t(head_dim) * 2;
+  Tensor qp = q, op = out, sinkp;
+  const float* sink_used = sink;
+  if (heads != n_heads) {
+    qp = alloc(DType::BF16, {T, heads, head_dim});
+    op = alloc(DType::BF16, {T, heads, head_dim});
+    DSV4_CUDA_CHECK(cudaMemsetAsync(qp.data, 0, qp.nbytes(), stream()));
+    copy_heads(qp.data, heads, q.data, n_heads, T, head_bytes, stream());
+    sinkp = alloc(DType::F32, {heads});
+    DSV4_CUDA_CHECK(cudaMemsetAsync(sinkp.data, 0, sinkp.nbytes(), stream()));
+    DSV4_CUDA_CHECK(cudaMemcpyAsync(sinkp.data, sink, size_t(n_heads) * 4, cudaMemcpyDeviceToDevice, stream()));
+    sink_used = sinkp.ptr<float>();
+  }
+  Tensor lists = upload_ids(entry_lists);
+  SparseMlaPlan& plan = attention_plan(int(T), heads);
+  plan.compute(nullptr, int(T), list_len, stream());
+  SparseMlaArgs a;
+  a.q = reinterpret_cast<const __nv_bfloat16*>(qp.data);
+  a.window_pool = a.compressed_pool = kv_pool.storage.ptr<uint8_t>();
+  a.lists = lists.ptr<int32_t>();
+  a.list_stride = list_len;
+  a.window_len = std::min(list_len, 128);
+  a.sink = sink_used;
+  a.scale = scale;
+  a.out = reinterpret_cast<__nv_bfloat16*>(op.data);
+  a.num_queries = int(T);
+  sparse_mla_decode(plan, a, stream());
+  if (heads != n_heads) copy_heads(out.data, n_heads, op.data, heads, T, head_bytes, stream());
+  return out;
+}
+
+IndexerWorkspace& CudaBackend::indexer_workspace(int queries, int keys) {
+  if (!indexer_ws_ || indexer_ws_->max_queries() < queries || indexer_ws_->max_keys() < keys) {
+    const int q = int(std::bit_ceil(unsigned(std::max({queries, 1, indexer_ws_ ? indexer_ws_->max_queries() : 1}))));
+    const int k = int(std::bit_ceil(unsigned(std::max({keys, 64, indexer_ws_ ? indexer_ws_->max_keys() : 1}))));
+    stream_.sync();  // the old workspace may still be read by queued work
+    indexer_ws_ = std::make_unique<IndexerWorkspace>(q, k);
+  }
+  return *indexer_ws_;
+}
+
+Tensor CudaBackend::indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
+                                 const std::vector<int64_t>& key_lists, const std::vector<int32_t>& key_counts,
+                                 int max_keys, int k) {
+  constexpr int d = kl::kIndexDim;
+  const int64_t T = q.rows();
+  Tensor out = alloc(DType::I32, {T, k});
+  if (!T) return out;
+  DSV4_CHECK(n_heads <= kIndexerHeads, "indexer: {} heads (the kernel has {})", n_heads, kIndexerHeads);
+  DSV4_CHECK(k <= kIndexerMaxTopk, "indexer: top-{} (at most {})", k, kIndexerMaxTopk);
+  // Per-query block tables from the key lists: key j of query t is entry key_lists[t, j], and the
+  // lists are block-table walks (entry j = page[j / 64] · 64 + j % 64).
+  const int pages_stride = std::max(1, (max_keys + kl::kEntriesPerPage - 1) / kl::kEntriesPerPage);
+  std::vector<int32_t> tables(size_t(T) * size_t(pages_stride), 0);
+  std::vector<int32_t> query_seq(static_cast<size_t>(T));
+  for (int64_t t = 0; t < T; ++t) {
+    query_seq[size_t(t)] = int32_t(t);
+    for (int j = 0; j < key_counts[size_t(t)]; ++j) {
+      const int64_t e = key_lists[size_t(t * max_keys + j)];
+      DSV4_CHECK(e >= 0 && e % kl::kEntriesPerPage == j % kl::kEntriesPerPage,
+                 "indexer: key {} of query {} is entry {}, not a block-table walk", j, t, e);
+      if (j % kl::kEntriesPerPage == 0) tables[size_t(t * pages_stride + j / kl::kEntriesPerPage)] = int32_t(e / kl::kEntriesPerPage);
+    }
+  }
+  Tensor d_tables = upload(DType::I32, tables), d_seq = upload(DType::I32, query_seq), d_counts = upload(DType::I32, key_counts);
+  Tensor qp = q, wp = head_weights;
+  if (n_heads != kIndexerHeads) {
+    qp = alloc(DType::BF16, {T, kIndexerHeads, d});
+    wp = alloc(DType::BF16, {T, kIndexerHeads});
+    DSV4_CUDA_CHECK(cudaMemsetAsync(qp.data, 0, qp.nbytes(), stream()));
+    DSV4_CUDA_CHECK(cudaMemsetAsync(wp.data, 0, wp.nbytes(), stream()));
+    copy_heads(qp.data, kIndexerHeads, q.data, n_heads, T, size_t(d) * 2, stream());
+    copy_heads(wp.data, kIndexerHeads, head_weights.data, n_heads, T, 2, stream());
+  }
+  IndexerArgs a;
+  a.q = reinterpret_cast<const __nv_bfloat16*>(qp.data);
+  a.weights = reinterpret_cast<const __nv_bfloat16*>(wp.data);
+  a.key_pool = key_pool.storage.ptr<uint8_t>();
+  a.block_table = d_tables.ptr<int32_t>();
+  a.pages_stride = pages_stride;
+  a.query_seq = d_seq.ptr<int32_t>();
+  a.key_counts = d_counts.ptr<int32_t>();
+  a.num_queries = int(T);
+  a.max_keys = std::max(max_keys, 1);
+  a.k = k;
+  a.topk = out.ptr<int32_t>();
+  cuda::indexer_topk(indexer_workspace(int(T), a.max_keys), a, stream());
+  return out;
+}
+
+void CudaBackend::compressor_state_init(CompressorState& state, int ratio, int d) {
+  const int coff = ratio == 4 ? 2 : 1;
+  state.kv = alloc(DType::F32, {coff * ratio, coff * d});
+  state.score = alloc(DType::F32, {coff * ratio, coff * d});
+  cuda::compressor_state_init(state.kv.ptr<float>(), state.score.ptr<float>(), ratio, d, stream());
+}
+
+Tensor CudaBackend::compressor_update(const Tensor& a, const Tensor& g, int64_t row0, int64_t n, int64_t pos0,
+                                      const float* ape, int ratio, int d, CompressorState& state) {
+  int64_t emitted = 0;
+  for (int64_t i = 0; i < n; ++i) emitted += ((pos0 + i + 1) % ratio) == 0;
+  Tensor out = alloc(DType::F32, {emitted, d});
+  if (n)
+    cuda::compressor_update(a.ptr<float>(), g.ptr<float>(), row0, n, pos0, ape, ratio, d, state.kv.ptr<float>(),
+                            state.score.ptr<float>(), out.ptr<float>(), stream());
+  return out;
+}
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,98 @@
+// CUDA backend: routing and the MoE (SPEC §3.7). Routed experts in MXFP4 or NVFP4 are repacked at
+// load into the FP4 kernels' layout (moe_fp4.h); the shared expert runs on the FP8 linears.
+#include <algorithm>
+#include <bit>
+
+#include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/moe_fp4.h"
+#include "backend/cuda/router.h"
+#include "backend/cuda/row_ops.h"
+#include "backend/cuda/sparse_mla_decode.h"
+#include "core/error.h"
+#include "core/log.h"
+
+namespace dsv4::cuda {
+
+namespace {
+// MoeWeights::prepared on this backend.
+struct PreparedExperts {
+  explicit PreparedExperts(MoeFp4Weights w) : weights(std::move(w)) {}
+  MoeFp4Weights weights;
+};
+}  // namespace
+
+void CudaBackend::prepare_experts(MoeWeights& w, float swiglu_limit) {
+  if (w.experts.empty()) return;
+  const LinearWeight& w1 = w.experts.front().w1;
+  if (w1.format != WeightFormat::MXFP4 && w1.format != WeightFormat::NVFP4)
+    fail("{}: the CUDA backend runs routed experts in MXFP4 or NVFP4; this checkpoint's are {} (use --backend cpu)",
+         w1.name, weight_format_name(w1.format));
+  MoeFp4Shape shape{w1.format == WeightFormat::MXFP4 ? MoeFp4Format::Mxfp4 : MoeFp4Format::Nvfp4, int(w.experts.size()),
+                    w1.in, w1.out, swiglu_limit};
+  std::vector<MoeFp4ExpertTensors> tensors;
+  for (const auto& e : w.experts)
+    tensors.push_back({e.w1.w, e.w1.scale, e.w3.w, e.w3.scale, e.w2.w, e.w2.scale, e.w1.scale2, e.w3.scale2, e.w2.scale2});
+  w.prepared = std::make_shared<PreparedExperts>(MoeFp4Weights(shape, tensors, stream()));
+  if (!logged_paths_) {
+    logged_paths_ = true;
+    const bool w4a8 = moe_fp4_path_available(MoeFp4Path::W4A8, shape);
+    log_info("  routed experts ({}) on this GPU, activations on the FP8 grid (SPEC §2.2): {}", w1.format == WeightFormat::MXFP4 ? "MXFP4" : "NVFP4",
+             moe_path_override_ >= 0
+                 ? fmt::format("{} (forced by DSV4_MOE_PATH)", moe_fp4_path_name(MoeFp4Path(moe_path_override_)))
+             : w4a8 ? std::string("W4A16 decode up to 16 pairs per expert, W4A8 wgmma above")
+                    : std::string("W4A16 decode up to 20 pairs per expert, W4A16 batched above"));
+    log_info("  FP8 block linears: linear_fp8_block (e4m3 activations per 128, f32 block partials); bf16 linears, "
+             "head and gate: linear_bf16w; attention: sparse MLA ({})",
+             sparse_mla_wgmma_available() ? "wgmma from 2 queries, mma.sync below" : "mma.sync");
+  }
+}
+
+MoeWorkspace& CudaBackend::moe_workspace(const MoeFp4Shape& shape, int tokens, int k) {
+  auto& ws = moe_ws_[{int(shape.format), shape.experts, shape.hidden, shape.inter, k}];
+  if (!ws || ws->max_tokens() < tokens) {
+    stream_.sync();  // the old scratch may still be in use by queued work
+    ws = std::make_unique<MoeWorkspace>(shape, int(std::bit_ceil(unsigned(std::max(tokens, 16)))), k);
+  }
+  return *ws;
+}
+
+Routing CudaBackend::route(const Tensor& x, const MoeWeights& w, const std::vector<int32_t>& token_ids, int k,
+                           float route_scale) {
+  const int64_t T = x.rows();
+  const int E = int(w.experts.size());
+  const int D = int(x.numel() / std::max<int64_t>(T, 1));
+  Tensor logits = linear_f32(x, w.gate, E, D);
+  Routing r{alloc(DType::I32, {T, k}), alloc(DType::F32, {T, k})};
+  if (!T) return r;
+  Tensor ids;
+  if (w.hash_table) ids = upload(DType::I32, token_ids);
+  route_topk(logits.ptr<float>(), w.bias, w.hash_table, w.hash_table ? ids.ptr<int32_t>() : nullptr, T, E, k, route_scale,
+             r.ids.ptr<int32_t>(), r.weights.ptr<float>(), stream());
+  return r;
+}
+
+Tensor CudaBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) {
+  const int64_t T = x.rows(), D = x.numel() / std::max<int64_t>(T, 1);
+  Tensor out = alloc(DType::BF16, {T, D});
+  if (!T) return out;
+  const int k = int(r.ids.numel() / T);
+  // Shared expert (SPEC §3.7): the routed experts' SwiGLU on the FP8 linears, no routing weight.
+  Tensor g = linear(x, w.shared.w1), u = linear(x, w.shared.w3);
+  const int I = w.shared.w1.out;
+  Tensor h = alloc(DType::BF16, {T, I});
+  swiglu(g.ptr<uint16_t>(), u.ptr<uint16_t>(), T, I, swiglu_limit, nullptr, h.ptr<uint16_t>(), stream());
+  Tensor ys = linear(h, w.shared.w2);
+
+  const auto* prepared = static_cast<const PreparedExperts*>(w.prepared.get());
+  DSV4_CHECK(prepared, "moe_experts: the routed experts were not prepared for the CUDA backend");
+  const MoeFp4Weights& mw = prepared->weights;
+  MoeWorkspace& ws = moe_workspace(mw.shape(), int(T), k);
+  MoeFp4Path path = moe_fp4_select_path(mw.shape(), int(T), k);
+  if (moe_path_override_ >= 0 && moe_fp4_path_available(MoeFp4Path(moe_path_override_), mw.shape()))
+    path = MoeFp4Path(moe_path_override_);
+  moe_fp4_forward_path(path, mw, x.ptr<uint16_t>(), int(T), r.ids.ptr<int32_t>(), r.weights.ptr<float>(), k,
+                       ys.ptr<uint16_t>(), out.ptr<uint16_t>(), ws, stream(), MoeActivationNumerics::Fp8);
+  return out;
+}
+
+}  // namespace dsv4::cuda

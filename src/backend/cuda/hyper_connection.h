@@ -1,0 +1,30 @@
+// Hyper-connections on the GPU (SPEC §3.2 HC_PRE / HC_POST, §3.8 head): the CpuBackend ops of
+// backend/cpu/cpu_hyper_connection.cpp step by step — same Sinkhorn order, same eps placements, same
+// f32 rounding points. The one difference: the CPU accumulates the 24 dot products and the sum of
+// squares in double, these in f32 (another order), so the mixes differ by ~1e-7 relative.
+// Every pointer is device memory; bf16 values are uint16_t bit patterns; each function only enqueues
+// on `stream` (graph-capturable). hc_pre / hc_head take hc = 4 (DeepSeek-V4's stream count; see
+// hyper_connection.cu for why no other), D a multiple of 4, X 8-byte and fn 16-byte aligned; hc_post
+// takes hc = 1…4.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsv4::cuda {
+
+// CpuBackend::hc_pre. X bf16 [T, hc, D]; fn f32 [(2+hc)·hc, hc·D]; base f32 [(2+hc)·hc]; scale f32 [3].
+// out bf16 [T, D]; post f32 [T, hc]; comb f32 [T, hc, hc].
+void hc_pre(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
+            int iters, float norm_eps, float hc_eps, uint16_t* out, float* post, float* comb, cudaStream_t stream);
+
+// CpuBackend::hc_post: out[t,b,:] = bf16(post[t,b]·y[t,:] + Σ_a comb[t,a,b]·X[t,a,:]); y bf16 [T, D],
+// X and out bf16 [T, hc, D] (out must not alias X).
+void hc_post(const uint16_t* y, const uint16_t* X, const float* post, const float* comb, int64_t T, int hc, int D,
+             uint16_t* out, cudaStream_t stream);
+
+// CpuBackend::hc_head: fn f32 [hc, hc·D], base f32 [hc], scale f32 [1]; out bf16 [T, D].
+void hc_head(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
+             float norm_eps, float hc_eps, uint16_t* out, cudaStream_t stream);
+
+}  // namespace dsv4::cuda

@@ -1,0 +1,237 @@
+// Dense linears on CUDA cores (linear.h). Layout of both kernels: block = 8 warps = 8 output
+// columns × up to 64 rows (grid.y covers the rows); a warp streams its column's weight row with
+// 16-byte loads, lanes striding along K, and multiplies each loaded chunk into 8 rows' accumulators
+// before the next chunk, so a decode step (≤ 8 rows) reads every weight byte once. The activations
+// are re-read per column from L1/L2 (small next to the weights). One warp-shuffle sum per output.
+//
+// Numerics. FP8 (SPEC §2.3): e4m3 × e4m3 products are exact in f32 (8 significant bits); the CPU
+// sums each 128-block exactly (double) then rounds once; here a lane sums 16 products of one block
+// in f32 and scales that partial by sx·sw (a power of two, so scaling commutes with rounding),
+// then accumulates across chunks and lanes in f32 — the same terms in a different f32 order, as
+// the reference's tensor cores also do. bf16 weights: f32 products and sums (the CPU sums in double
+// and rounds once), y rounded to bf16 once (SPEC §2, bf()).
+#include "backend/cuda/linear.h"
+
+#include <cuda_bf16.h>
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <climits>
+
+#include "backend/cuda/act_quant_fp8.h"
+#include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/ptx_primitives.cuh"
+#include "core/error.h"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kColsPerBlock = 8;  // one warp each
+constexpr int kRowsPerPass = 8;   // accumulators per lane
+constexpr int kRowsPerBlock = 64;
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+
+// 16 e4m3 codes (byte i = element i) → f32, exactly (every e4m3 value is an f16 value).
+__device__ __forceinline__ void e4m3x16_to_f32(uint4 v, float (&f)[16]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const __half2_raw raw =
+          __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t((words[w] >> (16 * h)) & 0xffffu), __NV_E4M3);
+      const float2 pair = __half22float2(__half2(raw));
+      f[4 * w + 2 * h] = pair.x;
+      f[4 * w + 2 * h + 1] = pair.y;
+    }
+}
+
+// ue8m0 byte → 2^(byte − 127) as core/dtypes.h e8m0_to_f32 (0 → the subnormal 2^-127, 255 → NaN).
+__device__ __forceinline__ float e8m0_to_f32_dev(uint8_t e) {
+  if (e == 255) return __uint_as_float(0x7fc00000u);
+  if (e == 0) return __uint_as_float(0x00400000u);
+  return __uint_as_float(uint32_t(e) << 23);
+}
+
+__device__ __forceinline__ uint16_t f32_to_bf16_bits(float v) {
+  const __nv_bfloat16 b = __float2bfloat16_rn(v);
+  return *reinterpret_cast<const uint16_t*>(&b);
+}
+
+// 8 bf16 (16 bytes) → f32.
+__device__ __forceinline__ void bf16x8_to_f32(uint4 v, float (&f)[8]) {
+  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+  for (int w = 0; w < 4; ++w) {
+    f[2 * w] = __uint_as_float(words[w] << 16);
+    f[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
+  }
+}
+
+__global__ void __launch_bounds__(kColsPerBlock * 32)
+    linear_fp8_block_kernel(const uint8_t* __restrict__ act_q, const float* __restrict__ act_scale, int64_t rows, int K,
+                            const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_scale, int N,
+                            uint16_t* __restrict__ y) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int lane = threadIdx.x % 32;
+  const int n = blockIdx.x * kColsPerBlock + threadIdx.x / 32;
+  if (n >= N) return;
+  const int k_blocks = K / 128, chunks = K / 16;  // a chunk = 16 channels of one 128-block
+  const uint8_t* w_row = w + int64_t(n) * K;
+  const uint8_t* w_row_scale = w_scale + int64_t(n / 128) * k_blocks;
+  const int64_t row_end = min(rows, int64_t(blockIdx.y + 1) * kRowsPerBlock);
+  for (int64_t r0 = int64_t(blockIdx.y) * kRowsPerBlock; r0 < row_end; r0 += kRowsPerPass) {
+    float acc[kRowsPerPass] = {};
+    for (int c = lane; c < chunks; c += 32) {
+      float wf[16];
+      e4m3x16_to_f32(__ldg(reinterpret_cast<const uint4*>(w_row) + c), wf);
+      const int b = c / 8;
+      const float sw = e8m0_to_f32_dev(w_row_scale[b]);
+#pragma unroll
+      for (int i = 0; i < kRowsPerPass; ++i) {
+        const int64_t r = r0 + i;
+        if (r >= row_end) break;
+        float xf[16];
+        e4m3x16_to_f32(__ldg(reinterpret_cast<const uint4*>(act_q + r * K) + c), xf);
+        float partial = 0.f;
+#pragma unroll
+        for (int j = 0; j < 16; ++j) partial = fmaf(xf[j], wf[j], partial);  // products exact
+        acc[i] += partial * (act_scale[r * k_blocks + b] * sw);
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsPerPass; ++i) {
+      const float sum = warp_sum(acc[i]);
+      if (lane == i && r0 + i < row_end) y[(r0 + i) * N + n] = f32_to_bf16_bits(sum);
+    }
+  }
+}
+
+// x element k of row r for column group g, as f32.
+template <bool kXF32>
+__device__ __forceinline__ float load_x(const void* x, int64_t offset) {
+  if constexpr (kXF32) return __ldg(static_cast<const float*>(x) + offset);
+  else return __uint_as_float(uint32_t(__ldg(static_cast<const unsigned short*>(x) + offset)) << 16);
+}
+
+// 8 consecutive x elements from a 16-byte-aligned offset (in elements, a multiple of 8).
+template <bool kXF32>
+__device__ __forceinline__ void load_x8(const void* x, int64_t offset, float (&f)[8]) {
+  if constexpr (kXF32) {
+    const float4* p = reinterpret_cast<const float4*>(static_cast<const float*>(x) + offset);
+    const float4 a = __ldg(p), b = __ldg(p + 1);
+    f[0] = a.x, f[1] = a.y, f[2] = a.z, f[3] = a.w, f[4] = b.x, f[5] = b.y, f[6] = b.z, f[7] = b.w;
+  } else {
+    bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(static_cast<const uint16_t*>(x) + offset)), f);
+  }
+}
+
+template <bool kXF32, bool kYF32, bool kVectorized>
+__global__ void __launch_bounds__(kColsPerBlock * 32)
+    linear_bf16w_kernel(const void* __restrict__ x, int64_t rows, int K, int64_t x_row_stride, int cols_per_group,
+                        const uint16_t* __restrict__ w, int N, void* __restrict__ y) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int lane = threadIdx.x % 32;
+  const int j = blockIdx.x * kColsPerBlock + threadIdx.x / 32;
+  if (j >= N) return;
+  const uint16_t* w_row = w + int64_t(j) * K;
+  const int64_t x_col0 = int64_t(j / cols_per_group) * K;
+  const int64_t row_end = min(rows, int64_t(blockIdx.y + 1) * kRowsPerBlock);
+  for (int64_t r0 = int64_t(blockIdx.y) * kRowsPerBlock; r0 < row_end; r0 += kRowsPerPass) {
+    float acc[kRowsPerPass] = {};
+    if constexpr (kVectorized) {
+      for (int c = lane; c < K / 8; c += 32) {
+        float wf[8];
+        bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(w_row) + c), wf);
+#pragma unroll
+        for (int i = 0; i < kRowsPerPass; ++i) {
+          const int64_t r = r0 + i;
+          if (r >= row_end) break;
+          float xf[8];
+          load_x8<kXF32>(x, r * x_row_stride + x_col0 + int64_t(c) * 8, xf);
+#pragma unroll
+          for (int e = 0; e < 8; ++e) acc[i] = fmaf(xf[e], wf[e], acc[i]);
+        }
+      }
+    } else {
+      for (int k = lane; k < K; k += 32) {
+        const float wk = __uint_as_float(uint32_t(__ldg(reinterpret_cast<const unsigned short*>(w_row) + k)) << 16);
+#pragma unroll
+        for (int i = 0; i < kRowsPerPass; ++i) {
+          const int64_t r = r0 + i;
+          if (r >= row_end) break;
+          acc[i] = fmaf(load_x<kXF32>(x, r * x_row_stride + x_col0 + k), wk, acc[i]);
+        }
+      }
+    }
+#pragma unroll
+    for (int i = 0; i < kRowsPerPass; ++i) {
+      const float sum = warp_sum(acc[i]);
+      if (lane == i && r0 + i < row_end) {
+        const int64_t at = (r0 + i) * N + j;
+        if constexpr (kYF32) static_cast<float*>(y)[at] = sum;
+        else static_cast<uint16_t*>(y)[at] = f32_to_bf16_bits(sum);
+      }
+    }
+  }
+}
+
+dim3 linear_grid(int64_t rows, int N) {
+  return dim3(unsigned((N + kColsPerBlock - 1) / kColsPerBlock), unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock));
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <bool kXF32, bool kYF32>
+void launch_bf16w(const void* x, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w, int N,
+                  void* y, cudaStream_t stream) {
+  const bool vectorized = K % 8 == 0 && x_row_stride % 8 == 0 && aligned16(x) && aligned16(w);
+  const dim3 grid = linear_grid(rows, N), block(kColsPerBlock * 32);
+  if (vectorized)
+    launch_programmatic(linear_bf16w_kernel<kXF32, kYF32, true>, grid, block, 0, stream, x, rows, K, x_row_stride,
+                        N / groups, w, N, y);
+  else
+    launch_programmatic(linear_bf16w_kernel<kXF32, kYF32, false>, grid, block, 0, stream, x, rows, K, x_row_stride,
+                        N / groups, w, N, y);
+}
+
+}  // namespace
+
+void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
+                      uint8_t* act_q, float* act_scale, uint16_t* y, cudaStream_t stream) {
+  if (rows < 0 || rows > INT_MAX || K <= 0 || K % 128 || N <= 0)
+    fail("linear_fp8_block: {} rows, K {} (a positive multiple of 128), N {}", rows, K, N);
+  if (!aligned16(w) || !aligned16(act_q)) fail("linear_fp8_block: weights and act_q must be 16-byte aligned");
+  if (rows == 0) return;
+  if (int64_t(rows + kRowsPerBlock - 1) / kRowsPerBlock > 65535) fail("linear_fp8_block: {} rows is too many", rows);
+  act_quant_fp8(x, int(rows), K, act_q, act_scale, stream);
+  DSV4_CUDA_CHECK_LAUNCH();
+  launch_programmatic(linear_fp8_block_kernel, linear_grid(rows, N), dim3(kColsPerBlock * 32), 0, stream, act_q,
+                      act_scale, rows, K, w, w_scale, N, y);
+  DSV4_CUDA_CHECK_LAUNCH();
+}
+
+void linear_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,
+                  int N, void* y, bool y_f32, cudaStream_t stream) {
+  if (rows < 0 || K <= 0 || N <= 0 || groups <= 0 || N % groups || x_row_stride < int64_t(groups) * K)
+    fail("linear_bf16w: {} rows, K {}, N {}, {} groups, row stride {}", rows, K, N, groups, x_row_stride);
+  if (rows == 0) return;
+  if ((rows + kRowsPerBlock - 1) / kRowsPerBlock > 65535) fail("linear_bf16w: {} rows is too many", rows);
+  if (x_f32) {
+    if (y_f32) launch_bf16w<true, true>(x, rows, K, x_row_stride, groups, w, N, y, stream);
+    else launch_bf16w<true, false>(x, rows, K, x_row_stride, groups, w, N, y, stream);
+  } else {
+    if (y_f32) launch_bf16w<false, true>(x, rows, K, x_row_stride, groups, w, N, y, stream);
+    else launch_bf16w<false, false>(x, rows, K, x_row_stride, groups, w, N, y, stream);
+  }
+  DSV4_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsv4::cuda

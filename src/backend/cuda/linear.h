@@ -1,0 +1,27 @@
+// The dense linears of the CUDA backend (SPEC §2.2–2.3, §3.3, §3.7, §3.8), CUDA-core kernels shaped
+// for decode: one warp per output column reads its weight row once for up to 8 input rows per pass
+// (a block covers 8 columns × 64 rows), f32 accumulation, one rounding at the output. Prefill runs
+// the same kernels (correct, not fast). All pointers are device memory; functions only enqueue.
+#pragma once
+#include <cuda_runtime.h>
+
+#include <cstdint>
+
+namespace dsv4::cuda {
+
+// CpuBackend::linear for FP8_BLOCK weights: x bf16 [rows, K] is quantised by act_quant_fp8 into the
+// caller's scratch act_q e4m3 [rows, K] and act_scale f32 [rows, K/128], then
+// y[r, n] = bf16(Σ_b sx[r, b] · sw[n/128, b] · Σ_{k ∈ b} xq·wq). w e4m3 [N, K]; w_scale ue8m0 bytes
+// [ceil(N/128), K/128]. K a positive multiple of 128; N any; rows < 2^31. w and act_q 16-byte aligned.
+void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
+                      uint8_t* act_q, float* act_scale, uint16_t* y, cudaStream_t stream);
+
+// CpuBackend::linear_bf16 / linear_f32 / grouped_out_proj / logits:
+// y[r, j] = Σ_k x[r·x_row_stride + g(j)·K + k] · w[j·K + k], g(j) = j / (N / groups).
+// x bf16 (or f32 when x_f32), w bf16 [N, K], f32 accumulation; y bf16 [rows, N] rounded once, or
+// f32 when y_f32. N a multiple of groups. 16-byte loads when K and x_row_stride are multiples of 8
+// and x, w are 16-byte aligned; element loads otherwise.
+void linear_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,
+                  int N, void* y, bool y_f32, cudaStream_t stream);
+
+}  // namespace dsv4::cuda

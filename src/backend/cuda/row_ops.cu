@@ -1,0 +1,413 @@
+// Elementwise and row ops (backend/cuda/row_ops.h): a block per row for the long reductions, a warp per
+// head / quantisation block / Hadamard vector, grid-stride loops for the elementwise ops.
+// Bit-exactness with the CPU twins rests on three rules: every f32 operation the CPU rounds separately
+// is written with the _rn intrinsics (nvcc would otherwise contract a·b + c into one FMA; the CPU build
+// has no FMA), divisions and square roots are the IEEE ones (__fdiv_rn, __fsqrt_rn), and the bf16 /
+// e4m3 / e2m1 codecs are the bit-level ones of core/dtypes.h. Only reductions the CPU does in double
+// are done here in f32 (another order), which is the one documented source of differences.
+#include "backend/cuda/row_ops.h"
+
+#include <cmath>
+#include <cstdint>
+
+#include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/ptx_primitives.cuh"
+#include "backend/cuda/quant_math.cuh"
+#include "core/error.h"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kBlockThreads = 256;            // row kernels and elementwise kernels
+constexpr int kWarpsPerBlock = kBlockThreads / 32;  // warp-per-item kernels
+constexpr int kMaxRopePairs = 256;            // rope_dim ≤ 512
+constexpr unsigned kFullMask = 0xffffffffu;
+
+__device__ __forceinline__ float bf16_value(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+
+// core/dtypes.h f32_to_bf16: round to nearest even, NaN stays a quiet NaN.
+__device__ __forceinline__ uint16_t bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+__device__ __forceinline__ float round_bf16_dev(float f) { return bf16_value(bf16_bits(f)); }
+
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
+  return v;
+}
+
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
+  return v;
+}
+
+// Sum over the block (blockDim.x a multiple of 32); every thread gets the same value because every
+// thread adds the per-warp sums in the same order.
+__device__ float block_sum(float v) {
+  __shared__ float warp_sums[32];
+  v = warp_sum(v);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0;
+  for (int w = 0; w < int(blockDim.x / 32); ++w) total += warp_sums[w];
+  return total;
+}
+
+// core/dtypes.h e4m3_to_f32 for the finite codes (the clamp before encoding excludes NaN).
+__device__ __forceinline__ float e4m3_value(uint8_t code) {
+  const int e = (code >> 3) & 15, m = code & 7;
+  const float v = e == 0 ? float(m) * 0x1p-9f : float(8 + m) * __uint_as_float(uint32_t(e - 10 + 127) << 23);
+  return (code & 0x80) ? -v : v;
+}
+
+// core/dtypes.h f32_to_e2m1: nearest even on {0, .5, 1, 1.5, 2, 3, 4, 6}, sign kept for −0.
+__device__ __forceinline__ uint32_t e2m1_code(float v) {
+  const uint32_t sign = signbit(v) ? 8u : 0u;
+  const float a = fabsf(v);
+  uint32_t code;
+  if (a <= 0.25f) code = 0;        // tie at .25 → 0 (even)
+  else if (a < 0.75f) code = 1;    // tie at .75 → 1.0 (code 2, even)
+  else if (a <= 1.25f) code = 2;   // tie at 1.25 → 1.0
+  else if (a < 1.75f) code = 3;    // tie at 1.75 → 2.0
+  else if (a <= 2.5f) code = 4;    // tie at 2.5 → 2.0
+  else if (a < 3.5f) code = 5;     // tie at 3.5 → 4.0
+  else if (a <= 5.0f) code = 6;    // tie at 5 → 4.0
+  else code = 7;
+  return sign | code;
+}
+
+__device__ __forceinline__ float e2m1_value(uint32_t code) {
+  const uint32_t c = code & 7;
+  const float m = c < 4 ? 0.5f * float(c) : (c == 7 ? 6.0f : float(c - 2));
+  return (code & 8) ? -m : m;
+}
+
+// cpu::fp8_simulate_block on one value given its block's scale (SPEC §2.5, REF1).
+__device__ __forceinline__ uint16_t fp8_simulated(float x, float s) {
+  return bf16_bits(__fmul_rn(e4m3_value(to_e4m3(__fdiv_rn(x, s))), s));  // to_e4m3 clamps to ±448
+}
+
+// cpu::fp4_simulate_block on one value given its block's scale (SPEC §2.6).
+__device__ __forceinline__ uint16_t fp4_simulated(float x, float s) {
+  const float q = fminf(fmaxf(__fdiv_rn(x, s), -6.0f), 6.0f);
+  return bf16_bits(__fmul_rn(e2m1_value(e2m1_code(q)), s));
+}
+
+template <typename Word>
+__global__ void __launch_bounds__(kBlockThreads) embed_rows_kernel(const int32_t* __restrict__ ids,
+                                                                   const Word* __restrict__ table, int words,
+                                                                   int copies, Word* __restrict__ out) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t i = blockIdx.x;
+  const Word* src = table + int64_t(ids[i]) * words;  // int64: the vocabulary table exceeds 2^31 words
+  for (int w = threadIdx.x; w < words; w += blockDim.x) {
+    const Word v = src[w];
+    for (int c = 0; c < copies; ++c) out[(i * copies + c) * words + w] = v;
+  }
+}
+
+__global__ void __launch_bounds__(kBlockThreads) rms_norm_kernel(const uint16_t* __restrict__ x,
+                                                                 const uint16_t* __restrict__ weight, int n,
+                                                                 float eps, uint16_t* __restrict__ y) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const uint16_t* xr = x + int64_t(blockIdx.x) * n;
+  uint16_t* yr = y + int64_t(blockIdx.x) * n;
+  float ss = 0;
+  for (int i = threadIdx.x; i < n; i += blockDim.x) {
+    const float v = bf16_value(xr[i]);
+    ss = fmaf(v, v, ss);
+  }
+  ss = block_sum(ss);
+  // The CPU divides its double sum by n in double, then rounds to f32.
+  const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(float(double(ss) / double(n)), eps)));
+  for (int i = threadIdx.x; i < n; i += blockDim.x)
+    yr[i] = bf16_bits(__fmul_rn(bf16_value(weight[i]), __fmul_rn(bf16_value(xr[i]), rs)));
+}
+
+// A warp per head.
+__global__ void __launch_bounds__(kBlockThreads) head_rms_norm_kernel(uint16_t* __restrict__ x, int64_t heads,
+                                                                      int head_dim, float eps) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t head = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (head >= heads) return;  // whole warps leave together
+  uint16_t* v = x + head * head_dim;
+  float sum = 0;
+  for (int i = lane; i < head_dim; i += 32) {
+    const float f = bf16_value(v[i]);
+    sum = __fadd_rn(sum, round_bf16_dev(__fmul_rn(f, f)));
+  }
+  sum = warp_sum(sum);
+  const float mean = round_bf16_dev(__fdiv_rn(sum, float(head_dim)));
+  const float var = round_bf16_dev(__fadd_rn(mean, eps));
+  const float r = round_bf16_dev(__fdiv_rn(1.0f, __fsqrt_rn(var)));
+  for (int i = lane; i < head_dim; i += 32) v[i] = bf16_bits(__fmul_rn(bf16_value(v[i]), r));
+}
+
+// A block per row: the row's cos/sin once in shared memory, then every (head, pair) of the row.
+__global__ void __launch_bounds__(kBlockThreads) rope_kernel(uint16_t* __restrict__ x, int heads, int head_dim,
+                                                             int rope_dim, const int32_t* __restrict__ positions,
+                                                             const float* __restrict__ inv_freq, bool inverse) {
+  __shared__ float cos_pair[kMaxRopePairs], sin_pair[kMaxRopePairs];
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t row = blockIdx.x;
+  const int pairs = rope_dim / 2;
+  const float pos = float(positions[row]);
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    // The f32 angle (torch.outer in f32), cos/sin in double rounded to f32, as the CPU.
+    const double angle = double(__fmul_rn(pos, inv_freq[i]));
+    const float s = float(sin(angle));
+    cos_pair[i] = float(cos(angle));
+    sin_pair[i] = inverse ? -s : s;
+  }
+  __syncthreads();
+  uint16_t* xr = x + row * heads * head_dim + (head_dim - rope_dim);
+  for (int idx = threadIdx.x; idx < heads * pairs; idx += blockDim.x) {
+    const int h = idx / pairs, i = idx % pairs;
+    uint32_t* pair = reinterpret_cast<uint32_t*>(xr + int64_t(h) * head_dim + 2 * i);
+    const uint32_t w = *pair;
+    const float a = __uint_as_float(w << 16), b = __uint_as_float(w & 0xffff0000u);
+    const float c = cos_pair[i], s = sin_pair[i];
+    const float even = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    const float odd = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+    *pair = uint32_t(bf16_bits(even)) | uint32_t(bf16_bits(odd)) << 16;
+  }
+}
+
+// A warp per kBlock-channel block; lane holds channels lane, lane + 32, … (64: the KV simulation of
+// SPEC §2.5; 128: the activation quantisation of §2.2, as values).
+template <int kBlock>
+__global__ void __launch_bounds__(kBlockThreads) fp8_simulate_kernel(uint16_t* __restrict__ x, int64_t blocks,
+                                                                     int blocks_per_row, int row_width) {
+  constexpr int kPerLane = kBlock / 32;
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t block = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (block >= blocks) return;
+  uint16_t* v = x + (block / blocks_per_row) * row_width + (block % blocks_per_row) * kBlock;
+  float f[kPerLane];
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) {
+    f[i] = bf16_value(v[lane + 32 * i]);
+    amax = fmaxf(amax, fabsf(f[i]));
+  }
+  amax = warp_max(amax);
+  const float s = pow2_ceil_dev(__fmul_rn(fmaxf(amax, 1e-4f), 1.0f / 448.0f));  // cpu::fp8_block_scale
+#pragma unroll
+  for (int i = 0; i < kPerLane; ++i) v[lane + 32 * i] = fp8_simulated(f[i], s);
+}
+
+// A warp per 128-vector; lane holds elements 4·lane … 4·lane + 3. The butterflies are those of
+// cpu::hadamard128 stage by stage (stage h pairs j with j + h: (a, b) → (a + b, a − b)), so every
+// value sees the same f32 operations on the same operands. Stages h < 4 stay inside a lane; for
+// h ≥ 4 the partner is lane ^ (h / 4), and the upper element of a pair takes partner − own.
+__global__ void __launch_bounds__(kBlockThreads) hadamard_fp4_kernel(uint16_t* __restrict__ x, int64_t vectors,
+                                                                     float hadamard_scale) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t vector = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (vector >= vectors) return;
+  uint2* word = reinterpret_cast<uint2*>(x + vector * 128 + lane * 4);
+  const uint2 raw = *word;
+  float v[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u), __uint_as_float(raw.y << 16),
+                __uint_as_float(raw.y & 0xffff0000u)};
+  for (int h = 1; h < 4; h *= 2)
+    for (int j = 0; j < 4; ++j)
+      if (!(j & h)) {
+        const float a = v[j], b = v[j + h];
+        v[j] = __fadd_rn(a, b);
+        v[j + h] = __fsub_rn(a, b);
+      }
+  for (int h = 4; h < 128; h *= 2) {
+    const int partner_bit = h / 4;
+    const bool upper = lane & partner_bit;
+#pragma unroll
+    for (int j = 0; j < 4; ++j) {
+      const float other = __shfl_xor_sync(kFullMask, v[j], partner_bit);
+      v[j] = upper ? __fsub_rn(other, v[j]) : __fadd_rn(v[j], other);
+    }
+  }
+  float r[4];
+#pragma unroll
+  for (int j = 0; j < 4; ++j) r[j] = round_bf16_dev(__fmul_rn(v[j], hadamard_scale));
+  // FP4 per 32 (8 lanes) on the bf16 values (cpu::fp4_simulate_block, scale cpu::fp4_block_scale).
+  float amax = fmaxf(fmaxf(fabsf(r[0]), fabsf(r[1])), fmaxf(fabsf(r[2]), fabsf(r[3])));
+#pragma unroll
+  for (int o = 1; o < 8; o *= 2) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
+  const float s = pow2_ceil_dev(__fmul_rn(fmaxf(amax, 0x1.8p-124f /* 6·2^-126 */), 1.0f / 6.0f));
+  *word = make_uint2(uint32_t(fp4_simulated(r[0], s)) | uint32_t(fp4_simulated(r[1], s)) << 16,
+                     uint32_t(fp4_simulated(r[2], s)) | uint32_t(fp4_simulated(r[3], s)) << 16);
+}
+
+__global__ void __launch_bounds__(kBlockThreads) add_bf16_kernel(const uint16_t* __restrict__ a,
+                                                                 const uint16_t* __restrict__ b, int64_t n,
+                                                                 uint16_t* __restrict__ out) {
+  pdl_wait();
+  pdl_launch_dependents();
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = bf16_bits(__fadd_rn(bf16_value(a[i]), bf16_value(b[i])));
+}
+
+__global__ void __launch_bounds__(kBlockThreads) scale_bf16_kernel(const uint16_t* __restrict__ x, float s,
+                                                                   int64_t n, uint16_t* __restrict__ out) {
+  pdl_wait();
+  pdl_launch_dependents();
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = bf16_bits(__fmul_rn(bf16_value(x[i]), s));
+}
+
+__global__ void __launch_bounds__(kBlockThreads) f32_to_bf16_kernel(const float* __restrict__ x, int64_t n,
+                                                                    uint16_t* __restrict__ out) {
+  pdl_wait();
+  pdl_launch_dependents();
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x)
+    out[i] = bf16_bits(x[i]);
+}
+
+__global__ void __launch_bounds__(kBlockThreads) swiglu_kernel(const uint16_t* __restrict__ gate,
+                                                               const uint16_t* __restrict__ up, int64_t n, int inter,
+                                                               float limit, const float* __restrict__ row_weights,
+                                                               uint16_t* __restrict__ out) {
+  pdl_wait();
+  pdl_launch_dependents();
+  for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
+    float g = bf16_value(gate[i]), u = bf16_value(up[i]);
+    if (limit > 0) {
+      u = fminf(fmaxf(u, -limit), limit);
+      g = fminf(g, limit);
+    }
+    // expf is within 2 ulp of the CPU's std::exp: the bf16 output then differs only on rare ties.
+    float a = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+    if (row_weights) a = __fmul_rn(row_weights[i / inter], a);
+    out[i] = bf16_bits(a);
+  }
+}
+
+// Blocks for a grid-stride loop over n elements: enough to fill any GPU, few enough to loop.
+unsigned elementwise_blocks(int64_t n) {
+  const int64_t needed = (n + kBlockThreads - 1) / kBlockThreads;
+  return unsigned(needed < 65536 ? needed : 65536);
+}
+
+void check_grid(int64_t blocks, const char* op) {
+  if (blocks > 0x7fffffff) fail("{}: {} blocks exceed the grid limit", op, blocks);
+}
+
+// The grid of a warp-per-item kernel.
+dim3 warp_item_grid(int64_t items, const char* op) {
+  const int64_t blocks = (items + kWarpsPerBlock - 1) / kWarpsPerBlock;
+  check_grid(blocks, op);
+  return dim3(unsigned(blocks));
+}
+
+bool aligned(const void* p, size_t bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; }
+
+}  // namespace
+
+void embed_rows(const int32_t* ids, int64_t n, const uint16_t* table, int dim, int copies, uint16_t* out,
+                cudaStream_t stream) {
+  if (dim <= 0 || copies <= 0) fail("embed_rows: dim {} copies {}", dim, copies);
+  if (n <= 0) return;
+  check_grid(n, "embed_rows");
+  // 16-byte words when every row starts 16-byte aligned (the Flash width 4096 does), bf16 otherwise.
+  if (dim % 8 == 0 && aligned(table, 16) && aligned(out, 16))
+    launch_programmatic(embed_rows_kernel<uint4>, dim3(unsigned(n)), dim3(kBlockThreads), 0, stream, ids,
+                        reinterpret_cast<const uint4*>(table), dim / 8, copies, reinterpret_cast<uint4*>(out));
+  else
+    launch_programmatic(embed_rows_kernel<uint16_t>, dim3(unsigned(n)), dim3(kBlockThreads), 0, stream, ids, table,
+                        dim, copies, out);
+}
+
+void rms_norm(const uint16_t* x, const uint16_t* weight, int64_t rows, int n, float eps, uint16_t* y,
+              cudaStream_t stream) {
+  if (n <= 0) fail("rms_norm: width {}", n);
+  if (rows <= 0) return;
+  check_grid(rows, "rms_norm");
+  launch_programmatic(rms_norm_kernel, dim3(unsigned(rows)), dim3(kBlockThreads), 0, stream, x, weight, n, eps, y);
+}
+
+void head_rms_norm(uint16_t* x, int64_t heads, int head_dim, float eps, cudaStream_t stream) {
+  if (head_dim <= 0) fail("head_rms_norm: head_dim {}", head_dim);
+  if (heads <= 0) return;
+  launch_programmatic(head_rms_norm_kernel, warp_item_grid(heads, "head_rms_norm"), dim3(kBlockThreads), 0, stream,
+                      x, heads, head_dim, eps);
+}
+
+void rope(uint16_t* x, int64_t rows, int heads, int head_dim, int rope_dim, const int32_t* positions,
+          const float* inv_freq, bool inverse, cudaStream_t stream) {
+  if (heads <= 0 || head_dim % 2 || rope_dim <= 0 || rope_dim % 2 || rope_dim > head_dim ||
+      rope_dim / 2 > kMaxRopePairs)
+    fail("rope: {} heads of {}, rope_dim {} (even, ≤ head_dim, ≤ {})", heads, head_dim, rope_dim, 2 * kMaxRopePairs);
+  if (!aligned(x, 4)) fail("rope: x must be 4-byte aligned");
+  if (rows <= 0) return;
+  check_grid(rows, "rope");
+  const int work = heads * (rope_dim / 2);
+  const int threads = work >= kBlockThreads ? kBlockThreads : (work + 31) / 32 * 32;
+  launch_programmatic(rope_kernel, dim3(unsigned(rows)), dim3(threads), 0, stream, x, heads, head_dim, rope_dim,
+                      positions, inv_freq, inverse);
+}
+
+void fp8_simulate(uint16_t* x, int64_t rows, int row_width, int channels, cudaStream_t stream) {
+  if (channels < 0 || channels % 64 || channels > row_width)
+    fail("fp8_simulate: {} channels of a {}-wide row (a multiple of 64 within the row)", channels, row_width);
+  const int blocks_per_row = channels / 64;
+  const int64_t blocks = rows * blocks_per_row;
+  if (blocks <= 0) return;
+  launch_programmatic(fp8_simulate_kernel<64>, warp_item_grid(blocks, "fp8_simulate"), dim3(kBlockThreads), 0, stream,
+                      x, blocks, blocks_per_row, row_width);
+}
+
+void fp8_simulate_activations(uint16_t* x, int64_t rows, int cols, cudaStream_t stream) {
+  if (cols <= 0 || cols % 128) fail("fp8_simulate_activations: {} columns (a multiple of 128)", cols);
+  const int64_t blocks = rows * (cols / 128);
+  if (blocks <= 0) return;
+  launch_programmatic(fp8_simulate_kernel<128>, warp_item_grid(blocks, "fp8_simulate_activations"), dim3(kBlockThreads),
+                      0, stream, x, blocks, cols / 128, cols);
+}
+
+void hadamard_fp4_simulate(uint16_t* x, int64_t vectors, cudaStream_t stream) {
+  if (!aligned(x, 8)) fail("hadamard_fp4_simulate: x must be 8-byte aligned");
+  if (vectors <= 0) return;
+  const float hadamard_scale = float(1.0 / std::sqrt(128.0));  // the CPU's constant
+  launch_programmatic(hadamard_fp4_kernel, warp_item_grid(vectors, "hadamard_fp4_simulate"), dim3(kBlockThreads), 0,
+                      stream, x, vectors, hadamard_scale);
+}
+
+void add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  launch_programmatic(add_bf16_kernel, dim3(elementwise_blocks(n)), dim3(kBlockThreads), 0, stream, a, b, n, out);
+}
+
+void scale_bf16(const uint16_t* x, float s, int64_t n, uint16_t* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  launch_programmatic(scale_bf16_kernel, dim3(elementwise_blocks(n)), dim3(kBlockThreads), 0, stream, x, s, n, out);
+}
+
+void f32_to_bf16(const float* x, int64_t n, uint16_t* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  launch_programmatic(f32_to_bf16_kernel, dim3(elementwise_blocks(n)), dim3(kBlockThreads), 0, stream, x, n, out);
+}
+
+void swiglu(const uint16_t* gate, const uint16_t* up, int64_t rows, int inter, float limit, const float* row_weights,
+            uint16_t* out, cudaStream_t stream) {
+  if (inter <= 0) fail("swiglu: width {}", inter);
+  const int64_t n = rows * inter;
+  if (n <= 0) return;
+  launch_programmatic(swiglu_kernel, dim3(elementwise_blocks(n)), dim3(kBlockThreads), 0, stream, gate, up, n, inter,
+                      limit, row_weights, out);
+}
+
+}  // namespace dsv4::cuda

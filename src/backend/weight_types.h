@@ -1,0 +1,73 @@
+// The weight descriptors the backend's ops take (DESIGN §3.3). The loader (model/weights) binds
+// them to the mapped checkpoint and, given a backend, points them at the copies Backend::place_weight
+// made (the CPU backend keeps reading the mapping). Every pointer is then backend memory, read only
+// by the backend that placed it — except the routed experts' LinearWeights, which stay host views
+// for Backend::prepare_experts (MoeWeights::prepared holds the backend's form).
+#pragma once
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/weight_format.h"
+
+namespace dsv4 {
+
+// y = x·Wᵀ with W [out, in] in one of the checkpoint formats.
+struct LinearWeight {
+  std::string name;  // checkpoint prefix, e.g. "layers.3.attn.wq_a"
+  WeightFormat format = WeightFormat::BF16;
+  int out = 0, in = 0;
+  const uint8_t* w = nullptr;      // bf16 [out,in] | e4m3 [out,in] | packed e2m1 [out,in/2]
+  const uint8_t* scale = nullptr;  // FP8: ue8m0 [⌈out/128⌉,⌈in/128⌉]; MXFP4: ue8m0 [out,in/32]; NVFP4: e4m3 [out,in/16]
+  float scale2 = 1.0f;             // NVFP4 global weight scale (weight_scale_2)
+};
+
+struct CompressorWeights {
+  int ratio = 0, head_dim = 0, coff = 1;  // coff = 2 for the overlapping ratio-4 compressor
+  bool rotate = false;                    // indexer compressor: Hadamard + FP4 simulation
+  const uint16_t* wkv = nullptr;          // bf16 [coff·d, D]
+  const uint16_t* wgate = nullptr;        // bf16 [coff·d, D]
+  const float* ape = nullptr;             // f32 [ratio, coff·d]
+  const uint16_t* norm = nullptr;         // bf16 [d]
+};
+
+struct IndexerWeights {
+  LinearWeight wq_b;                       // [n_heads·128, q_lora]
+  const uint16_t* weights_proj = nullptr;  // bf16 [n_heads, D]
+  CompressorWeights compressor;
+};
+
+struct AttentionWeights {
+  LinearWeight wq_a, wq_b, wkv, wo_b;
+  const uint16_t* wo_a = nullptr;  // bf16 [o_groups·o_lora, H·d/o_groups] (the reference runs it in bf16)
+  std::shared_ptr<std::vector<uint16_t>> wo_a_host;  // the load-time bf16 conversion wo_a first points into
+  const uint16_t* q_norm = nullptr;
+  const uint16_t* kv_norm = nullptr;
+  const float* sink = nullptr;  // [H]
+  CompressorWeights compressor;  // ratio > 0
+  IndexerWeights indexer;        // ratio == 4
+};
+
+struct ExpertWeights {
+  LinearWeight w1, w2, w3;  // gate, down, up
+};
+
+struct MoeWeights {
+  const uint16_t* gate = nullptr;  // bf16 [E, D]
+  const float* bias = nullptr;     // f32 [E] (learned routing)
+  const int32_t* hash_table = nullptr;  // tid2eid [vocab, k] (hash routing), backend memory
+  std::shared_ptr<std::vector<int32_t>> hash_table_host;  // the loader's int32 copy it first points into
+  // The routed experts in the backend's kernel layout (Backend::place_weights); null on the CPU.
+  std::shared_ptr<void> prepared;
+  std::vector<ExpertWeights> experts;
+  ExpertWeights shared;
+};
+
+struct HyperConnection {
+  const float* fn = nullptr;     // [(2+hc)·hc, hc·D] or [hc, hc·D] for the head
+  const float* base = nullptr;
+  const float* scale = nullptr;
+};
+
+}  // namespace dsv4

@@ -1,0 +1,274 @@
+// Hyper-connection kernels (backend/cuda/hyper_connection.h) against CpuBackend::hc_pre / hc_post /
+// hc_head on fresh random inputs, at the fixtures' shape (D = 128) and DeepSeek-V4-Flash's (D = 4096,
+// hc = 4: 24 mixes over 16384 channels). Outputs are poisoned with 0xff (NaN) first; a NaN anywhere
+// fails. hc_post is checked bit for bit; hc_pre / hc_head with the bounds derived below.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <random>
+#include <vector>
+
+#include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/hyper_connection.h"
+#include "core/dtypes.h"
+#include "gpu_test_rng.h"
+
+namespace dsv4::cuda {
+namespace {
+
+std::mt19937& rng() { return test::fresh_rng("hyper_connection_gpu_test"); }
+
+CpuBackend& cpu() {
+  static CpuBackend backend;
+  return backend;
+}
+
+constexpr float kNormEps = 1e-6f, kHcEps = 1e-6f;
+
+// Residual streams X [T, hc, D]: token magnitude 2^e, e in [−30, 20] (rs normalises it away, up to
+// eps), each stream a further 2^[−4, 4]; token 1 all zero (rs = 1/sqrt(eps), m = 0).
+std::vector<uint16_t> random_streams(int64_t T, int hc, int D) {
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int> token_exp(-30, 20), stream_exp(-4, 4);
+  std::vector<uint16_t> X(static_cast<size_t>(T * hc * D));
+  for (int64_t t = 0; t < T; ++t) {
+    const int e = token_exp(rng());
+    for (int a = 0; a < hc; ++a) {
+      const float mag = t == 1 ? 0.f : std::ldexp(1.0f, e + stream_exp(rng()));
+      for (int d = 0; d < D; ++d) X[size_t((t * hc + a) * D + d)] = dsv4::f32_to_bf16(nd(rng()) * mag);
+    }
+  }
+  return X;
+}
+
+// Mixing weights: fn ~ N(0, (2/sqrt(hc·D))²) so the mixes m are ~N(0, 4) and the sigmoids and the
+// softmax see their whole range; base ~ N(0, 1); scale ~ U(0.5, 2).
+struct HcWeights {
+  std::vector<float> fn, base, scale;
+};
+
+HcWeights random_weights(int n_mix, int width, int n_scale) {
+  std::normal_distribution<float> fd(0.f, 2.0f / std::sqrt(float(width))), bd(0.f, 1.f);
+  std::uniform_real_distribution<float> sd(0.5f, 2.0f);
+  HcWeights w;
+  w.fn.resize(size_t(n_mix) * width);
+  w.base.resize(size_t(n_mix));
+  w.scale.resize(size_t(n_scale));
+  for (auto& v : w.fn) v = fd(rng());
+  for (auto& v : w.base) v = bd(rng());
+  for (auto& v : w.scale) v = sd(rng());
+  return w;
+}
+
+template <typename T>
+std::vector<T> contents(const Tensor& t) {
+  std::vector<T> v(static_cast<size_t>(t.numel()));
+  std::memcpy(v.data(), t.data, t.nbytes());
+  return v;
+}
+
+bool is_nan_bf16(uint16_t h) { return (h & 0x7fff) > 0x7f80; }
+int ordered_bf16(uint16_t h) { return (h & 0x8000) ? -int(h & 0x7fff) : int(h); }
+
+// One bf16 ulp at |v| (the subnormal spacing below the normal range).
+float bf16_ulp(float v) {
+  v = std::fabs(v);
+  return v < 0x1p-126f ? 0x1p-133f : std::ldexp(1.0f, std::ilogb(v) - 7);
+}
+
+// f32 outputs in [0, 2] (post) or [0, 1] (comb): absolute differences.
+size_t count_nan(const std::vector<float>& v) {
+  return size_t(std::count_if(v.begin(), v.end(), [](float f) { return std::isnan(f); }));
+}
+
+float max_abs_diff(const std::vector<float>& got, const std::vector<float>& want) {
+  float m = 0;
+  for (size_t i = 0; i < want.size(); ++i) m = std::max(m, std::fabs(got[i] - want[i]));
+  return m;
+}
+
+// The mixes m: the CPU sums 16384 products in double, the GPU in f32 (8 per thread, then warp, block
+// and cluster trees: ~22 roundings deep). The f32 rounding errors are a random walk of standard
+// deviation ≲ 2^-24·√22·(partial sums ≤ |m|-sized), i.e. ≲ 3e-7 of m's own spread (σ_m ≈ 2 here):
+// |Δm| ≲ 4e-6 even at 6 sd. Through
+// post = 2σ(m·s + b) (slope ≤ s/2 ≤ 1) and the softmax / Sinkhorn (slope ≲ s ≤ 2 on the logits, the
+// normalisations divide out common factors) post and comb move by ≲ 1e-5. Bound: 5e-5 absolute, which
+// is still 2^-14 — far below anything a bf16 consumer can see.
+constexpr float kMixTolerance = 5e-5f;
+
+// x_in = bf16(Σ_j pre_j·X_j): the same f32 steps given the same pre; pre = σ(m·s0 + b) + eps moves by
+// ≤ |Δm|·s0/4 ≲ 1e-5 (above), so the f32 sum moves by ≤ 1e-5·Σ_j|X_j[d]| (bound: 2e-5·Σ_j|X_j[d]|,
+// covering cancellation), plus the final bf16 rounding: 1 ulp. Elements that differ at all: those
+// near a midpoint, ~1e-6 / 2^-8 ≲ 1e-3 of them; bound 4 + 1 %.
+void check_streams_output(const char* what, const std::vector<uint16_t>& got, const std::vector<uint16_t>& want,
+                          const std::vector<uint16_t>& X, int64_t T, int hc, int D) {
+  size_t differ = 0, nan = 0, beyond = 0;
+  int max_ulp = 0;
+  for (int64_t t = 0; t < T; ++t)
+    for (int d = 0; d < D; ++d) {
+      const size_t i = size_t(t * D + d);
+      if (is_nan_bf16(got[i])) { ++nan; continue; }
+      if (got[i] == want[i]) continue;
+      ++differ;
+      max_ulp = std::max(max_ulp, std::abs(ordered_bf16(got[i]) - ordered_bf16(want[i])));
+      float stream_sum = 0;
+      for (int a = 0; a < hc; ++a) stream_sum += std::fabs(bf16_to_f32(X[size_t((t * hc + a) * D + d)]));
+      const float g = bf16_to_f32(got[i]), w = bf16_to_f32(want[i]);
+      const float tol = bf16_ulp(std::max(std::fabs(g), std::fabs(w))) + 2e-5f * stream_sum;
+      if (std::fabs(g - w) > tol) ++beyond;
+    }
+  std::printf("%s x_in: %zu of %lld differ (max %d ulp), %zu beyond the bound, %zu NaN\n", what, differ,
+              (long long)(T * D), max_ulp, beyond, nan);
+  EXPECT_EQ(nan, 0u) << what;
+  EXPECT_EQ(beyond, 0u) << what;
+  EXPECT_LE(differ, 4 + size_t(T * D) / 100) << what;
+}
+
+void check_hc_pre(int64_t T, int hc, int D, int iters) {
+  const int width = hc * D, n_mix = (2 + hc) * hc;
+  const std::vector<uint16_t> X = random_streams(T, hc, D);
+  const HcWeights w = random_weights(n_mix, width, 3);
+  HyperConnection host_hc;
+  host_hc.fn = w.fn.data();
+  host_hc.base = w.base.data();
+  host_hc.scale = w.scale.data();
+  Tensor post_t, comb_t;
+  const Tensor out_t = cpu().hc_pre(cpu().from_host(DType::BF16, {T, hc, D}, X.data()), host_hc, hc, iters, kNormEps,
+                                    kHcEps, &post_t, &comb_t);
+  const std::vector<uint16_t> want_out = contents<uint16_t>(out_t);
+  const std::vector<float> want_post = contents<float>(post_t), want_comb = contents<float>(comb_t);
+
+  Stream stream;
+  DeviceBuffer<uint16_t> d_X(X.size()), d_out(want_out.size());
+  DeviceBuffer<float> d_fn(w.fn.size()), d_base(w.base.size()), d_scale(w.scale.size());
+  DeviceBuffer<float> d_post(want_post.size()), d_comb(want_comb.size());
+  d_X.upload(X, stream.get());
+  d_fn.upload(w.fn, stream.get());
+  d_base.upload(w.base, stream.get());
+  d_scale.upload(w.scale, stream.get());
+  d_out.fill_bytes(0xff, stream.get());
+  d_post.fill_bytes(0xff, stream.get());
+  d_comb.fill_bytes(0xff, stream.get());
+  hc_pre(d_X.get(), T, hc, D, d_fn.get(), d_base.get(), d_scale.get(), iters, kNormEps, kHcEps, d_out.get(),
+         d_post.get(), d_comb.get(), stream.get());
+  DSV4_CUDA_CHECK_LAUNCH();
+  const std::vector<float> post = d_post.download(stream.get()), comb = d_comb.download(stream.get());
+  const float post_err = max_abs_diff(post, want_post), comb_err = max_abs_diff(comb, want_comb);
+  char what[96];
+  std::snprintf(what, sizeof what, "hc_pre T %lld hc %d D %d iters %d", (long long)T, hc, D, iters);
+  std::printf("%s: max |Δpost| %.3g, max |Δcomb| %.3g\n", what, post_err, comb_err);
+  EXPECT_EQ(count_nan(post), 0u) << what;
+  EXPECT_EQ(count_nan(comb), 0u) << what;
+  EXPECT_LE(post_err, kMixTolerance) << what;
+  EXPECT_LE(comb_err, kMixTolerance) << what;
+  check_streams_output(what, d_out.download(stream.get()), want_out, X, T, hc, D);
+}
+
+TEST(HyperConnectionPre, MatchesCpu) {
+  for (int64_t T : {1, 3, 37}) {
+    check_hc_pre(T, 4, 128, 20);   // fixture
+    check_hc_pre(T, 4, 4096, 20);  // Flash
+  }
+  check_hc_pre(3, 4, 128, 1);    // the softmax and one column normalisation only
+  check_hc_pre(3, 4, 68, 20);    // a width that leaves most of the cluster's threads idle
+  check_hc_pre(300, 4, 128, 20);
+}
+
+void check_hc_head(int64_t T, int hc, int D) {
+  const int width = hc * D;
+  const std::vector<uint16_t> X = random_streams(T, hc, D);
+  const HcWeights w = random_weights(hc, width, 1);
+  HyperConnection host_hc;
+  host_hc.fn = w.fn.data();
+  host_hc.base = w.base.data();
+  host_hc.scale = w.scale.data();
+  const std::vector<uint16_t> want = contents<uint16_t>(
+      cpu().hc_head(cpu().from_host(DType::BF16, {T, hc, D}, X.data()), host_hc, hc, kNormEps, kHcEps));
+
+  Stream stream;
+  DeviceBuffer<uint16_t> d_X(X.size()), d_out(want.size());
+  DeviceBuffer<float> d_fn(w.fn.size()), d_base(w.base.size()), d_scale(w.scale.size());
+  d_X.upload(X, stream.get());
+  d_fn.upload(w.fn, stream.get());
+  d_base.upload(w.base, stream.get());
+  d_scale.upload(w.scale, stream.get());
+  d_out.fill_bytes(0xff, stream.get());
+  hc_head(d_X.get(), T, hc, D, d_fn.get(), d_base.get(), d_scale.get(), kNormEps, kHcEps, d_out.get(), stream.get());
+  DSV4_CUDA_CHECK_LAUNCH();
+  char what[96];
+  std::snprintf(what, sizeof what, "hc_head T %lld hc %d D %d", (long long)T, hc, D);
+  check_streams_output(what, d_out.download(stream.get()), want, X, T, hc, D);
+}
+
+TEST(HyperConnectionHead, MatchesCpu) {
+  for (int64_t T : {1, 3, 37}) {
+    check_hc_head(T, 4, 128);
+    check_hc_head(T, 4, 4096);
+  }
+}
+
+// hc_post: the same f32 operations in the same order on the same inputs — bit-exact. Also run in
+// place (out = X), which the kernel allows.
+void check_hc_post(int64_t T, int hc, int D, bool in_place) {
+  const std::vector<uint16_t> X = random_streams(T, hc, D);
+  std::vector<uint16_t> y(static_cast<size_t>(T * D));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int> e(-20, 10);
+  for (int64_t t = 0; t < T; ++t) {
+    const float mag = std::ldexp(1.0f, e(rng()));
+    for (int d = 0; d < D; ++d) y[size_t(t * D + d)] = dsv4::f32_to_bf16(nd(rng()) * mag);
+  }
+  std::uniform_real_distribution<float> pd(0.f, 2.f), cd(0.f, 1.f);
+  std::vector<float> post(static_cast<size_t>(T * hc)), comb(static_cast<size_t>(T * hc * hc));
+  for (auto& v : post) v = pd(rng());
+  for (auto& v : comb) v = cd(rng());
+  const std::vector<uint16_t> want = contents<uint16_t>(cpu().hc_post(
+      cpu().from_host(DType::BF16, {T, D}, y.data()), cpu().from_host(DType::BF16, {T, hc, D}, X.data()),
+      cpu().from_host(DType::F32, {T, hc}, post.data()), cpu().from_host(DType::F32, {T, hc, hc}, comb.data())));
+
+  Stream stream;
+  DeviceBuffer<uint16_t> d_y(y.size()), d_X(X.size()), d_out(X.size());
+  DeviceBuffer<float> d_post(post.size()), d_comb(comb.size());
+  d_y.upload(y, stream.get());
+  d_X.upload(X, stream.get());
+  d_post.upload(post, stream.get());
+  d_comb.upload(comb, stream.get());
+  d_out.fill_bytes(0xff, stream.get());
+  uint16_t* out = in_place ? d_X.get() : d_out.get();
+  hc_post(d_y.get(), d_X.get(), d_post.get(), d_comb.get(), T, hc, D, out, stream.get());
+  DSV4_CUDA_CHECK_LAUNCH();
+  const std::vector<uint16_t> got = in_place ? d_X.download(stream.get()) : d_out.download(stream.get());
+  size_t differ = 0, nan = 0;
+  for (size_t i = 0; i < want.size(); ++i) {
+    nan += is_nan_bf16(got[i]);
+    differ += got[i] != want[i];
+  }
+  std::printf("hc_post T %lld hc %d D %d%s: %zu of %zu differ, %zu NaN\n", (long long)T, hc, D,
+              in_place ? " in place" : "", differ, want.size(), nan);
+  EXPECT_EQ(nan, 0u);
+  EXPECT_EQ(differ, 0u);
+}
+
+TEST(HyperConnectionPost, MatchesCpuBitExact) {
+  for (int64_t T : {1, 3, 37}) {
+    check_hc_post(T, 4, 128, false);
+    check_hc_post(T, 4, 4096, false);
+  }
+  check_hc_post(37, 4, 4096, true);
+  check_hc_post(5, 2, 256, false);
+}
+
+TEST(HyperConnectionSanitizer, Small) {
+  check_hc_pre(3, 4, 128, 20);
+  check_hc_pre(2, 4, 64, 3);
+  check_hc_head(3, 4, 128);
+  check_hc_post(3, 4, 128, false);
+  check_hc_post(2, 4, 128, true);
+}
+
+}  // namespace
+}  // namespace dsv4::cuda
