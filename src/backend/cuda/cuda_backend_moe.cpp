@@ -2,6 +2,8 @@
 // load into the FP4 kernels' layout (moe_fp4.h); the shared expert runs on the FP8 linears.
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
+#include <string>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/moe_fp4.h"
@@ -42,8 +44,11 @@ void CudaBackend::prepare_experts(MoeWeights& w, float swiglu_limit) {
              : w4a8 ? std::string("W4A16 decode up to 16 pairs per expert, W4A8 wgmma above")
                     : std::string("W4A16 decode up to 20 pairs per expert, W4A16 batched above"));
     log_info("  FP8 block linears: linear_fp8_block (e4m3 activations per 128, f32 block partials); bf16 linears, "
-             "head and gate: linear_bf16w; attention: sparse MLA ({})",
-             sparse_mla_wgmma_available() ? "wgmma from 2 queries, mma.sync below" : "mma.sync");
+             "head and gate: linear_bf16w; attention: sparse MLA, {}",
+             std::getenv("DSV4_ATTN_SPLIT") && std::string(std::getenv("DSV4_ATTN_SPLIT")) == "1"
+                 ? std::string(sparse_mla_wgmma_available() ? "split-KV (DSV4_ATTN_SPLIT=1; wgmma from 2 queries at 64 heads)"
+                                                            : "split-KV (DSV4_ATTN_SPLIT=1), mma.sync")
+                 : std::string("mma.sync, one CTA per query and head group, 64-entry softmax blocks"));
   }
 }
 

@@ -13,6 +13,7 @@
 #include <cstdint>
 
 #include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/quant_math.cuh"
 #include "backend/cuda/ptx_primitives.cuh"
 #include "core/error.h"
 
@@ -24,23 +25,8 @@ namespace cg = cooperative_groups;
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 constexpr int kClusterBlocks = 8;  // blocks per token in hc_pre / hc_head (the portable cluster size)
-constexpr unsigned kFullMask = 0xffffffffu;
 
-__device__ __forceinline__ float bf16_value(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
 
-// core/dtypes.h f32_to_bf16: round to nearest even, NaN stays a quiet NaN.
-__device__ __forceinline__ uint16_t bf16_bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
-
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
 
 // The CPU's sigmoid: 1 / (1 + exp(−z)); expf is within 2 ulp of std::exp.
 __device__ __forceinline__ float sigmoid(float z) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-z))); }

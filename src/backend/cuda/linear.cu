@@ -20,6 +20,7 @@
 
 #include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/quant_math.cuh"
 #include "backend/cuda/ptx_primitives.cuh"
 #include "core/error.h"
 
@@ -30,11 +31,6 @@ constexpr int kColsPerBlock = 8;  // one warp each
 constexpr int kRowsPerPass = 8;   // accumulators per lane
 constexpr int kRowsPerBlock = 64;
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
 
 // 16 e4m3 codes (byte i = element i) → f32, exactly (every e4m3 value is an f16 value).
 __device__ __forceinline__ void e4m3x16_to_f32(uint4 v, float (&f)[16]) {

@@ -1,5 +1,5 @@
-// Device twins of the reference's FP8 quantisation arithmetic (SPEC.md §2.2), shared by the kernels
-// that quantise on the GPU (KV cache appends, activation quantisation).
+// Device twins of the reference's rounding arithmetic (bf16, SPEC.md §2.2 FP8), and the warp
+// reductions, shared by the kernels that round or quantise on the GPU.
 #pragma once
 #include <cuda_fp8.h>
 
@@ -15,6 +15,28 @@ __device__ __forceinline__ float pow2_ceil_dev(float v) {
   // 2^e for e in [-149, 127]: build from bits (subnormal below -126).
   if (e >= -126) return __uint_as_float(uint32_t(e + 127) << 23);
   return __uint_as_float(1u << (e + 149));
+}
+
+// bf16 bits → f32, and f32 → bf16 bits as core/dtypes.h f32_to_bf16 (round to nearest even, NaN
+// stays a quiet NaN): the rounding point of every bf16 output the reference produces.
+__device__ __forceinline__ float bf16_value(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
+__device__ __forceinline__ uint16_t bf16_bits(float f) {
+  uint32_t u = __float_as_uint(f);
+  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
+  u += 0x7fffu + ((u >> 16) & 1u);
+  return uint16_t(u >> 16);
+}
+
+// Butterfly reductions over a full warp; every lane gets the result.
+__device__ __forceinline__ float warp_sum(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
+  return v;
+}
+__device__ __forceinline__ float warp_max(float v) {
+#pragma unroll
+  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+  return v;
 }
 
 // e4m3 of clamp(v, ±448), round to nearest even.

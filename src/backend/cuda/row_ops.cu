@@ -23,29 +23,10 @@ constexpr int kWarpsPerBlock = kBlockThreads / 32;  // warp-per-item kernels
 constexpr int kMaxRopePairs = 256;            // rope_dim ≤ 512
 constexpr unsigned kFullMask = 0xffffffffu;
 
-__device__ __forceinline__ float bf16_value(uint16_t h) { return __uint_as_float(uint32_t(h) << 16); }
-
-// core/dtypes.h f32_to_bf16: round to nearest even, NaN stays a quiet NaN.
-__device__ __forceinline__ uint16_t bf16_bits(float f) {
-  uint32_t u = __float_as_uint(f);
-  if ((u & 0x7fffffffu) > 0x7f800000u) return uint16_t((u >> 16) | 0x40);
-  u += 0x7fffu + ((u >> 16) & 1u);
-  return uint16_t(u >> 16);
-}
 
 __device__ __forceinline__ float round_bf16_dev(float f) { return bf16_value(bf16_bits(f)); }
 
-__device__ __forceinline__ float warp_sum(float v) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(kFullMask, v, o);
-  return v;
-}
 
-__device__ __forceinline__ float warp_max(float v) {
-#pragma unroll
-  for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(kFullMask, v, o));
-  return v;
-}
 
 // Sum over the block (blockDim.x a multiple of 32); every thread gets the same value because every
 // thread adds the per-warp sums in the same order.
