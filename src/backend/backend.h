@@ -10,7 +10,7 @@
 #include <vector>
 
 #include "core/dtypes.h"
-#include "backend/cpu/sampling_reference.h"
+#include "backend/sampling_params.h"
 #include "backend/weight_types.h"
 
 namespace dsv4 {

@@ -1,5 +1,6 @@
 // CPU backend: memory, elementwise and row ops, the head.
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cpu/sampling_reference.h"
 
 #include <algorithm>
 #include <cmath>

@@ -24,6 +24,8 @@
 #include <cmath>
 #include <cstring>
 
+#include "backend/sampling_params.h"
+
 #if defined(__CUDACC__)
 #define DSV4_SAMPLING_HD __host__ __device__ __forceinline__
 #else
@@ -32,13 +34,6 @@
 
 namespace dsv4 {
 
-struct SamplingParams {
-  float temperature = 0;  // ≤ 0: greedy
-  int top_k = 0;          // ≤ 0: off
-  float top_p = 1;        // ≥ 1: off
-  float min_p = 0;        // ≤ 0: off
-  uint64_t seed = 0;
-};
 
 // logits f32 [rows, vocab], params [rows], counters [rows] → out [rows] (host memory).
 void sample_reference(const float* logits, int64_t rows, int vocab, const SamplingParams* params,
