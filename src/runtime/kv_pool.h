@@ -10,7 +10,9 @@
 
 namespace dsv4 {
 
-// Hands out page ids of one EntryPool, growing the pool (by doubling) when it runs out.
+// Hands out page ids of one EntryPool, growing the pool (by doubling) when it runs out, up to an
+// optional capacity. The scheduler admits work only when its pages are known to fit (see
+// sequence_layer_pages), so running past the capacity is a scheduler bug, reported as an Error.
 class PagePool {
  public:
   PagePool(Backend& backend, EntryKind kind) : backend_(backend) { pool_.kind = kind; }
@@ -19,11 +21,16 @@ class PagePool {
   EntryPool& pool() { return pool_; }
   const EntryPool& pool() const { return pool_; }
   int64_t pages_in_use() const { return pool_.pages - int64_t(free_.size()); }
+  // The most pages this pool may hand out at once; 0 = unbounded (the default).
+  void set_capacity(int64_t pages);
+  int64_t capacity() const { return capacity_; }
+  bool can_alloc(int64_t pages) const { return capacity_ == 0 || pages_in_use() + pages <= capacity_; }
 
  private:
   Backend& backend_;
   EntryPool pool_;
   std::vector<int32_t> free_;
+  int64_t capacity_ = 0;
 };
 
 inline constexpr int kPageEntries = kv_layout::kEntriesPerPage;
@@ -48,5 +55,21 @@ struct LayerState {
   int64_t n_comp = 0, n_keys = 0;
   CompressorState compressor, index_compressor;
 };
+
+// Page counts in one layer's two pools.
+struct LayerPages {
+  int64_t kv = 0, keys = 0;
+};
+
+// The pages one sequence holds in a layer of compression `ratio` (0, 4 or 128) once `positions`
+// tokens have gone through it: the window ring (fixed, allocated with the sequence), one compressed
+// entry per `ratio` positions (an entry completes at position ratio·(j+1) − 1, SPEC §3.4) and, for
+// CSA (ratio 4), one indexer key per 4 positions. The single place this arithmetic lives; the
+// scheduler reserves from it and tests check it against what the model allocates.
+LayerPages sequence_layer_pages(int ratio, int window, int64_t positions);
+
+// Scratch pages a step of `rows` rows takes from every layer's kv pool while that layer runs
+// (the step's new entries before the ring update, Dsv4Model::attention); freed within the layer.
+inline int64_t step_scratch_pages(int64_t rows) { return (rows + kPageEntries - 1) / kPageEntries; }
 
 }  // namespace dsv4
