@@ -27,4 +27,12 @@ std::unique_ptr<Backend> make_backend(const std::string& name) {
   fail("unknown backend '{}' (cpu or cuda)", name);
 }
 
+void Backend::begin_capture() { fail("the {} backend cannot record work for replay", name()); }
+std::unique_ptr<CapturedWork> Backend::end_capture() { fail("the {} backend cannot record work for replay", name()); }
+void Backend::replay(const CapturedWork&) { fail("the {} backend cannot replay recorded work", name()); }
+
+Tensor upload_i32(Backend& be, const std::vector<int32_t>& values) {
+  return be.from_host(DType::I32, {int64_t(values.size())}, values.data());
+}
+
 }  // namespace dsv4

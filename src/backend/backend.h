@@ -1,8 +1,10 @@
 // The backend contract: the small set of ops the DeepSeek-V4 forward (model/dsv4.cpp) is composed
 // of. Tensors live in backend memory; the model never reads their data except through to_host().
-// Host-side metadata (positions, index lists, token ids) is passed as std::vector and uploaded by
-// the backend. Each op's numerics are the reference's (SPEC §2–§3); a backend that deviates names
-// the deviation where it happens.
+// Index metadata (token ids, positions, entry ids, lists) is passed as I32 tensors too: the host
+// uploads one step descriptor before a step (model/step_plan.h) and every index the ops take is a
+// view of it or derived from it on the backend (step_indices), so a step enqueues work without
+// reading anything back — the property CUDA graphs need. Each op's numerics are the reference's
+// (SPEC §2–§3); a backend that deviates names the deviation where it happens.
 #pragma once
 #include <cstdint>
 #include <memory>
@@ -60,6 +62,47 @@ struct EntryPool {
   Tensor storage;     // U8 [pages · page_bytes]
 };
 
+// One step's rows and spans as the backend reads them (views of the step descriptor, I32).
+struct StepTables {
+  Tensor spans;      // [S, 3]: row0, n, pos0 of each sequence's rows
+  Tensor row_span;   // [T]: the span of each row
+  Tensor positions;  // [T]
+};
+
+// What step_indices derives (SPEC §3.4–§3.6, §4.1) from the step's spans and one layer's block
+// tables (page ids; entry j of a table is page[j / 64] · 64 + j % 64).
+enum class StepIndexKind {
+  NewEntries,           // [T]: row r's entry in the step's scratch pages (`scratch`, entry r)
+  RingSlots,            // [T]: row r's window-ring entry (`window`, slot pos mod W) if it is among its
+                        //      sequence's last W rows of the step, else −1
+  AttentionLists,       // [T, W + C]: the window (oldest first, −1 padded to W; this step's rows from
+                        //      scratch), then the compressed part: ratio 4 the indexer's choices
+                        //      (`topk` positions → `compressed`), ratio 128 every entry j < (pos+1)/128
+  CompressedEntries,    // [E]: the entries this step completes, span by span (`compressed` entry j)
+  CompressedPositions,  // [E]: their first positions, ratio · j
+  KeyCounts,            // [T]: the indexer keys row r sees, (pos + 1) / ratio
+};
+struct StepIndexArgs {
+  StepIndexKind kind = StepIndexKind::NewEntries;
+  const StepTables* step = nullptr;
+  Tensor window, compressed;  // I32 [S, width] block tables
+  Tensor scratch;             // I32 [pages]
+  const Tensor* topk = nullptr;  // I32 [T, C] (AttentionLists, ratio 4)
+  int ratio = 0, window_size = 0;
+  int64_t count = 0;  // CompressedEntries / CompressedPositions: E; AttentionLists: C
+};
+
+// The indexer's keys per query: block tables by span (I32 [S, width]), the query's span and key count.
+struct KeyTables {
+  Tensor pages, query_span, counts;
+  int max_keys = 0;
+};
+
+// Work recorded once and replayed (CUDA graphs); opaque to the model.
+struct CapturedWork {
+  virtual ~CapturedWork() = default;
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
@@ -73,6 +116,13 @@ class Backend {
   virtual void prepare_experts(MoeWeights& w, float swiglu_limit) {}
   // Waits for the work enqueued so far (a no-op on the CPU); timing and tests use it.
   virtual void synchronize() {}
+  // Records the ops called between begin_capture and end_capture instead of running them; replay
+  // runs the recording. Only a backend that can_capture() implements these; a host read or a
+  // synchronisation while capturing is an error.
+  virtual bool can_capture() const { return false; }
+  virtual void begin_capture();
+  virtual std::unique_ptr<CapturedWork> end_capture();
+  virtual void replay(const CapturedWork& work);
 
   // Memory.
   virtual Tensor alloc(DType dtype, std::vector<int64_t> shape) = 0;
@@ -81,11 +131,11 @@ class Backend {
   virtual void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) = 0;
 
   // Elementwise / row ops (bf16 unless stated).
-  virtual Tensor embed(const std::vector<int32_t>& ids, const uint16_t* table, int dim) = 0;
+  virtual Tensor embed(const Tensor& ids, const uint16_t* table, int dim) = 0;  // rows ids[i] (I32 [n]) of table
   virtual Tensor rms_norm(const Tensor& x, const uint16_t* weight, float eps) = 0;           // x [T, N]
   virtual void head_rms_norm(Tensor& x, int head_dim, float eps) = 0;                         // unweighted, bf16 math (SPEC §3.11.3)
-  virtual void rope(Tensor& x, int head_dim, int rope_dim, const std::vector<int32_t>& positions,
-                    const RopeTable& table, bool inverse) = 0;                                // last rope_dim of every head
+  virtual void rope(Tensor& x, int head_dim, int rope_dim, const Tensor& positions, const RopeTable& table,
+                    bool inverse) = 0;  // last rope_dim of every head; positions I32 [rows]
   virtual void fp8_simulate(Tensor& x, int row_width, int channels) = 0;                      // SPEC §2.5 on [0, channels)
   virtual void hadamard_fp4_simulate(Tensor& x, int width) = 0;                                // SPEC §2.6–2.7 per `width` chunk
   virtual Tensor add(const Tensor& a, const Tensor& b) = 0;                                    // bf16(a + b)
@@ -106,21 +156,23 @@ class Backend {
   // KV entries (SPEC §4.2): bf16 [n, head_dim] → the pool's FP8 layout, at global entry ids.
   // Pools grow by whole pages; existing entries keep their ids.
   virtual void grow_pool(EntryPool& pool, int64_t pages) = 0;
-  // Writes rows of `values` (bf16 [n, width]) as entries of the pool's kind: KV = 584-byte FP8
-  // entries (lossless for FP8-simulated values), INDEX_KEY = e2m1 + ue8m0 (lossless for FP4-simulated).
-  virtual void write_entries(const Tensor& values, const std::vector<int64_t>& rows, const std::vector<int64_t>& entries,
-                             EntryPool& pool) = 0;
-  virtual void copy_entries(const std::vector<int64_t>& src, const std::vector<int64_t>& dst, EntryPool& pool) = 0;
+  // Writes row r of `values` (bf16 [n, width]) as entry entries[r] (I32 [n], −1 = skip) of the
+  // pool's kind: KV = 584-byte FP8 entries (lossless for FP8-simulated values), INDEX_KEY = e2m1 +
+  // ue8m0 (lossless for FP4-simulated). Ids are checked on the host where the backend can read them.
+  virtual void write_entries(const Tensor& values, const Tensor& entries, EntryPool& pool) = 0;
+  // KV entry src[i] → dst[i] (I32 [n]; −1 on either side = skip).
+  virtual void copy_entries(const Tensor& src, const Tensor& dst, EntryPool& pool) = 0;
+  // The step's index work on the backend (StepIndexKind): I32 results.
+  virtual Tensor step_indices(const StepIndexArgs& args) = 0;
 
-  // Sparse attention with sink over per-query entry lists (−1 = none), blocks of 64 list positions.
+  // Sparse attention with sink over per-query entry lists (I32 [T, L], −1 = none), blocks of 64
+  // list positions.
   virtual Tensor sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
-                                  const std::vector<int64_t>& entry_lists, int list_len, const float* sink,
-                                  float scale) = 0;
-  // Indexer (SPEC §3.5): per query, scores over its key entries, top-k (ties: lower position first).
-  // Returns I32 [T, k] positions within each query's key list (−1 where fewer).
+                                  const Tensor& entry_lists, const float* sink, float scale) = 0;
+  // Indexer (SPEC §3.5): per query, scores over its first counts[t] keys, top-k (ties: lower
+  // position first). Returns I32 [T, k] positions within each query's keys (−1 where fewer).
   virtual Tensor indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
-                              const std::vector<int64_t>& key_lists, const std::vector<int32_t>& key_counts,
-                              int max_keys, int k) = 0;
+                              const KeyTables& keys, int k) = 0;
 
   // Compressor (SPEC §3.4): consume projections (a, g) of one sequence's tokens at positions
   // pos0.., update the state, and return the pooled f32 rows of the entries completed (may be 0 rows).
@@ -130,19 +182,22 @@ class Backend {
   virtual Tensor to_bf16(const Tensor& x) = 0;
 
   // MoE (SPEC §3.7).
-  virtual Routing route(const Tensor& x, const MoeWeights& w, const std::vector<int32_t>& token_ids, int k,
-                        float route_scale) = 0;
+  virtual Routing route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k,
+                        float route_scale) = 0;  // token_ids I32 [T] (hash routing)
   virtual Tensor moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) = 0;
 
   // Head.
   virtual Tensor logits(const Tensor& h, const uint16_t* head, int vocab) = 0;  // f32 [T, V]
-  // One token per row of f32 logits [rows, V] with that row's parameters; counters[r] = tokens the
-  // row's sequence has generated so far (the draw's counter). cpu/sampling_reference.h defines the
+  // One token per row of f32 logits [rows, V] (I32 [rows] out) with that row's parameters
+  // (`params`: SamplingParams [rows], as bytes); counters[r] (U64 as I32 pairs) = tokens the row's
+  // sequence has generated so far (the draw's counter). cpu/sampling_reference.h defines the
   // algorithm exactly, so every backend picks the same tokens.
-  virtual std::vector<int32_t> sample(const Tensor& logits, const std::vector<SamplingParams>& params,
-                                      const std::vector<uint64_t>& counters) = 0;
+  virtual Tensor sample(const Tensor& logits, const Tensor& params, const Tensor& counters) = 0;
 };
 
 std::unique_ptr<Backend> make_backend(const std::string& name);  // "cpu" | "cuda"
+
+// An I32 tensor with `values` (tests and one-off host metadata).
+Tensor upload_i32(Backend& be, const std::vector<int32_t>& values);
 
 }  // namespace dsv4

@@ -178,7 +178,7 @@ void run_layer_check_command(const std::string& model_dir, const std::string& go
              golden_path, T, chunk);
 
   // Embedding.
-  Tensor e = be.embed(prompt, model.weights().embed, c.dim);
+  Tensor e = be.embed(upload_i32(be, prompt), model.weights().embed, c.dim);
   std::vector<uint16_t> e_host(size_t(T * D));
   be.to_host(e, e_host.data());
   outs.push_back(make_tensor_out("embed_out", DType::BF16, {T, D}, e_host.data()));
@@ -209,14 +209,12 @@ void run_layer_check_command(const std::string& model_dir, const std::string& go
     for (int64_t c0 = 0; c0 < T; c0 += chunk) {
       const int64_t n = std::min<int64_t>(chunk, T - c0);
       Tensor Xc = be.from_host(DType::BF16, {n, hc, D}, stream_in.data() + c0 * hc * D);
-      StepRows rows;
-      rows.tokens.assign(prompt.begin() + c0, prompt.begin() + c0 + n);
-      for (int64_t p = c0; p < c0 + n; ++p) rows.positions.push_back(int32_t(p));
-      rows.spans.push_back({&st, 0, n, c0});
+      StepPlan plan = model.plan_block(block, caches, st, std::vector<int32_t>(prompt.begin() + c0, prompt.begin() + c0 + n), c0);
       model.dump = [&](const std::string& name, const Tensor& t) {
         if (name == topk_name) be.to_host(t, topk.data() + c0 * c.index_topk);
       };
-      Tensor Y = model.run_block(block, caches, Xc, rows);
+      Tensor Y = model.run_block(block, Xc, plan, 0);
+      release_step_plan(plan);
       be.to_host(Y, ours.data() + c0 * hc * D);
     }
     model.dump = nullptr;

@@ -94,80 +94,118 @@ void Dsv4Model::free_sequence(SeqId id) {
 
 int64_t Dsv4Model::position(SeqId id) const { return seqs_.at(size_t(id))->pos; }
 
-Tensor Dsv4Model::embed_streams(const std::vector<int32_t>& tokens) {
+Tensor Dsv4Model::embed_streams(const StepPlan& plan) {
+  // Every hyper-connection stream starts as the token's embedding (SPEC §3.1): one gather of the
+  // embedding row per stream row.
   const ModelConfig& c = config();
-  Tensor e = backend_.embed(tokens, weights_->embed, c.dim);
-  const int64_t T = int64_t(tokens.size());
-  Tensor X = backend_.alloc(DType::BF16, {T, c.hc_mult, c.dim});
-  Tensor rows = view(X, {T * c.hc_mult, c.dim});
-  for (int64_t t = 0; t < T; ++t)
-    for (int j = 0; j < c.hc_mult; ++j) backend_.copy_rows(e, t, rows, t * c.hc_mult + j, 1);
-  return X;
+  return view(backend_.embed(plan.stream_tokens, weights_->embed, c.dim), {plan.rows, c.hc_mult, c.dim});
 }
 
-StepOutput Dsv4Model::step(const std::vector<BatchItem>& batch) {
+StepPlan Dsv4Model::plan_step(const std::vector<BatchItem>& batch) {
   const ModelConfig& c = config();
-  StepRows rows;
-  std::vector<Sequence*> seqs;
+  PlanRequest rq;
+  rq.hc_mult = c.hc_mult;
+  rq.window = c.window;
+  rq.index_topk = c.index_topk;
+  for (int l = 0; l < c.n_layers; ++l) rq.layers.push_back({weights_->blocks[size_t(l)].ratio, caches_[size_t(l)].get()});
+  std::vector<const Sequence*> seen;
+  int32_t rows = 0;
   for (auto& item : batch) {
     DSV4_CHECK(item.seq >= 0 && size_t(item.seq) < seqs_.size() && seqs_[size_t(item.seq)]->live, "step: no sequence {}", item.seq);
     DSV4_CHECK(!item.tokens.empty(), "step: sequence {} has no tokens", item.seq);
-    for (auto& s : seqs) DSV4_CHECK(s != seqs_[size_t(item.seq)].get(), "step: sequence {} appears twice", item.seq);
     Sequence& s = *seqs_[size_t(item.seq)];
+    DSV4_CHECK(std::find(seen.begin(), seen.end(), &s) == seen.end(), "step: sequence {} appears twice", item.seq);
+    seen.push_back(&s);
     DSV4_CHECK(s.pos + int64_t(item.tokens.size()) <= c.max_position_embeddings,
                "step: sequence {} would reach position {}, beyond max_position_embeddings {}", item.seq,
                s.pos + int64_t(item.tokens.size()), c.max_position_embeddings);
-    seqs.push_back(&s);
-    rows.spans.push_back({nullptr, int64_t(rows.tokens.size()), int64_t(item.tokens.size()), s.pos});
-    for (size_t i = 0; i < item.tokens.size(); ++i) {
-      DSV4_CHECK(item.tokens[i] >= 0 && item.tokens[i] < c.vocab_size, "step: token id {} outside the vocabulary (0..{})",
-                 item.tokens[i], c.vocab_size - 1);
-      rows.tokens.push_back(item.tokens[i]);
-      rows.positions.push_back(int32_t(s.pos + int64_t(i)));
+    for (int32_t t : item.tokens)
+      DSV4_CHECK(t >= 0 && t < c.vocab_size, "step: token id {} outside the vocabulary (0..{})", t, c.vocab_size - 1);
+    PlanRequest::Span sp{item.tokens, s.pos, {}};
+    for (auto& st : s.layers) sp.states.push_back(&st);
+    rq.spans.push_back(std::move(sp));
+    // Only the rows whose logits were asked for go through the head; sampling reads an item's last.
+    const int32_t n = int32_t(item.tokens.size());
+    for (int32_t r = item.all_logits ? 0 : n - 1; r < n; ++r) rq.head_rows.push_back(rows + r);
+    if (item.sampling) {
+      rq.sample_rows.push_back(int32_t(rq.head_rows.size()) - 1);
+      rq.sample_params.push_back(*item.sampling);
+      rq.sample_counters.push_back(item.sample_counter);
     }
+    rows += n;
   }
-  Tensor X = embed_streams(rows.tokens);
+  return build_step_plan(backend_, rq);
+}
+
+StepResult Dsv4Model::run_step(const StepPlan& plan) {
+  const ModelConfig& c = config();
+  Tensor X = embed_streams(plan);
   emit("embed_out", 0, X);
-  for (int l = 0; l < c.n_layers; ++l) {
-    for (size_t i = 0; i < seqs.size(); ++i) rows.spans[i].state = &seqs[i]->layers[size_t(l)];
-    X = run_block(weights_->blocks[size_t(l)], *caches_[size_t(l)], X, rows);
+  for (int l = 0; l < c.n_layers; ++l) X = run_block(weights_->blocks[size_t(l)], X, plan, size_t(l));
+  StepResult r;
+  const int64_t P = plan.head_rows.numel();
+  Tensor Xp = view(backend_.embed(plan.head_rows, X.ptr<uint16_t>(), c.hc_mult * c.dim), {P, c.hc_mult, c.dim});
+  r.logits = head_logits(Xp, weights_->hc_head, weights_->norm);
+  const int64_t R = plan.sample_rows.numel();
+  if (R) {
+    Tensor rows = r.logits;
+    if (!plan.sample_all_rows) {  // the sampled rows of the head's output, gathered as bytes
+      rows = backend_.embed(plan.sample_rows, r.logits.ptr<uint16_t>(), 2 * c.vocab_size);
+      rows.dtype = DType::F32;
+      rows.shape = {R, c.vocab_size};
+    }
+    r.tokens = backend_.sample(rows, plan.sample_params, plan.sample_counters);
   }
-  // Only the rows whose logits were asked for go through the head.
+  return r;
+}
+
+StepOutput Dsv4Model::finish_step(StepPlan& plan, const StepResult& result, const std::vector<BatchItem>& batch) {
+  const ModelConfig& c = config();
+  release_step_plan(plan);
   StepOutput out;
   out.vocab = c.vocab_size;
-  std::vector<int64_t> pick;
-  for (size_t i = 0; i < batch.size(); ++i) {
-    out.row_of.push_back(int64_t(pick.size()));
-    const auto& sp = rows.spans[i];
-    for (int64_t r = batch[i].all_logits ? 0 : sp.n - 1; r < sp.n; ++r) pick.push_back(sp.row0 + r);
+  int64_t rows = 0;
+  for (auto& item : batch) {
+    out.row_of.push_back(rows);
+    rows += item.all_logits ? int64_t(item.tokens.size()) : 1;
   }
-  Tensor Xp = backend_.alloc(DType::BF16, {int64_t(pick.size()), c.hc_mult, c.dim});
-  for (size_t i = 0; i < pick.size(); ++i) backend_.copy_rows(X, pick[i], Xp, int64_t(i), 1);
-  Tensor logits = head_logits(Xp, weights_->hc_head, weights_->norm);
-  // Sampling reads each sampling item's last logits row, on the backend.
-  std::vector<SamplingParams> params;
-  std::vector<uint64_t> counters;
-  std::vector<int64_t> sample_rows;
-  for (size_t i = 0; i < batch.size(); ++i)
-    if (batch[i].sampling) {
-      params.push_back(*batch[i].sampling);
-      counters.push_back(batch[i].sample_counter);
-      sample_rows.push_back(out.row_of[i] + (batch[i].all_logits ? rows.spans[i].n - 1 : 0));
-    }
   out.tokens.assign(batch.size(), -1);
-  if (!params.empty()) {
-    Tensor last = backend_.alloc(DType::F32, {int64_t(params.size()), c.vocab_size});
-    for (size_t j = 0; j < sample_rows.size(); ++j) backend_.copy_rows(logits, sample_rows[j], last, int64_t(j), 1);
-    std::vector<int32_t> picked = backend_.sample(last, params, counters);
+  if (result.tokens.data && result.tokens.numel()) {
+    std::vector<int32_t> picked(size_t(result.tokens.numel()));
+    backend_.to_host(result.tokens, picked.data());
     for (size_t i = 0, j = 0; i < batch.size(); ++i)
       if (batch[i].sampling) out.tokens[i] = picked[j++];
   }
   if (std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.return_logits; })) {
-    out.logits.resize(size_t(logits.numel()));
-    backend_.to_host(logits, out.logits.data());
+    out.logits.resize(size_t(result.logits.numel()));
+    backend_.to_host(result.logits, out.logits.data());
   }
-  for (size_t i = 0; i < seqs.size(); ++i) seqs[i]->pos += rows.spans[i].n;
+  for (size_t i = 0; i < batch.size(); ++i) seqs_[size_t(batch[i].seq)]->pos += int64_t(batch[i].tokens.size());
   return out;
+}
+
+StepOutput Dsv4Model::step(const std::vector<BatchItem>& batch) {
+  StepPlan plan = plan_step(batch);
+  StepResult r;
+  try {
+    r = run_step(plan);
+  } catch (...) {
+    release_step_plan(plan);
+    throw;
+  }
+  return finish_step(plan, r, batch);
+}
+
+StepPlan Dsv4Model::plan_block(const BlockWeights& block, LayerCaches& caches, LayerState& state,
+                               const std::vector<int32_t>& tokens, int64_t pos0) {
+  const ModelConfig& c = config();
+  PlanRequest rq;
+  rq.hc_mult = c.hc_mult;
+  rq.window = c.window;
+  rq.index_topk = c.index_topk;
+  rq.layers.push_back({block.ratio, &caches});
+  rq.spans.push_back({tokens, pos0, {&state}});
+  return build_step_plan(backend_, rq);
 }
 
 Tensor Dsv4Model::head_logits(const Tensor& X, const HyperConnection& hc, const uint16_t* norm) {
@@ -177,95 +215,92 @@ Tensor Dsv4Model::head_logits(const Tensor& X, const HyperConnection& hc, const 
   return backend_.logits(h, weights_->head, c.vocab_size);
 }
 
-Tensor Dsv4Model::run_block(const BlockWeights& block, LayerCaches& caches, const Tensor& X, const StepRows& rows) {
+Tensor Dsv4Model::run_block(const BlockWeights& block, const Tensor& X, const StepPlan& plan, size_t layer) {
   const ModelConfig& c = config();
   const int l = block.layer;
+  const LayerPlan& lp = plan.layers.at(layer);
+  DSV4_CHECK(lp.ratio == block.ratio, "run_block: layer {} planned with ratio {}, block has {}", l, lp.ratio, block.ratio);
   const float eps = float(c.norm_eps), hc_eps = float(c.hc_eps);
   Tensor post, comb;
   Tensor x = backend_.hc_pre(X, block.hc_attn, c.hc_mult, c.hc_sinkhorn_iters, eps, hc_eps, &post, &comb);
   x = backend_.rms_norm(x, block.attn_norm, eps);
-  Tensor a = attention(block, caches, x, rows);
+  Tensor a = attention(block, x, plan, lp);
   emit("attn_out", l, a);
   Tensor Xa = backend_.hc_post(a, X, post, comb);
   emit("hc_post_attn", l, Xa);
   x = backend_.hc_pre(Xa, block.hc_ffn, c.hc_mult, c.hc_sinkhorn_iters, eps, hc_eps, &post, &comb);
   x = backend_.rms_norm(x, block.ffn_norm, eps);
-  Tensor m = moe(block, x, rows);
+  Routing r = backend_.route(x, block.moe, plan.tokens, c.n_active_experts, float(c.route_scale));
+  Tensor m = backend_.moe_experts(x, r, block.moe, float(c.swiglu_limit));
   emit("moe_out", l, m);
   Tensor Xf = backend_.hc_post(m, Xa, post, comb);
   emit("hc_post_ffn", l, Xf);
   return Xf;
 }
 
-Tensor Dsv4Model::moe(const BlockWeights& block, const Tensor& x, const StepRows& rows) {
-  const ModelConfig& c = config();
-  Routing r = backend_.route(x, block.moe, rows.tokens, c.n_active_experts, float(c.route_scale));
-  return backend_.moe_experts(x, r, block.moe, float(c.swiglu_limit));
-}
-
-void Dsv4Model::compress(const CompressorWeights& w, LayerCaches& caches, const Tensor& x, const StepRows& rows,
+void Dsv4Model::compress(const CompressorWeights& w, const Tensor& x, const StepPlan& plan, const LayerPlan& lp,
                          bool index_keys, const RopeTable& rope) {
   const ModelConfig& c = config();
   const int d = w.head_dim, width = w.coff * d;
   Tensor a = backend_.linear_f32(x, w.wkv, width, c.dim);
   Tensor g = backend_.linear_f32(x, w.wgate, width, c.dim);
-  for (auto& sp : rows.spans) {
-    LayerState& st = *sp.state;
-    CompressorState& cs = index_keys ? st.index_compressor : st.compressor;
-    Tensor pooled = backend_.compressor_update(a, g, sp.row0, sp.n, sp.pos0, w.ape, w.ratio, d, cs);
-    if (pooled.rows() == 0) continue;
-    // Entries completed by this chunk, in order; entry j starts at position ratio·j (SPEC §3.4).
-    std::vector<int32_t> entry_pos;
-    for (int64_t i = 0; i < sp.n; ++i)
-      if ((sp.pos0 + i + 1) % w.ratio == 0) entry_pos.push_back(int32_t(sp.pos0 + i + 1 - w.ratio));
-    Tensor u = backend_.rms_norm(backend_.to_bf16(pooled), w.norm, float(c.norm_eps));
-    backend_.rope(u, d, c.rope_dim, entry_pos, rope, false);
-    if (w.rotate) backend_.hadamard_fp4_simulate(u, d);
-    else backend_.fp8_simulate(u, d, d - c.rope_dim);
-    int64_t& count = index_keys ? st.n_keys : st.n_comp;
-    std::vector<int32_t>& pages = index_keys ? st.key_pages : st.comp_pages;
-    PagePool& pool = index_keys ? caches.keys : caches.kv;
-    std::vector<int64_t> src_rows, ids;
-    for (size_t e = 0; e < entry_pos.size(); ++e) {
-      const int64_t j = entry_pos[e] / w.ratio;
-      DSV4_CHECK(j == count, "compressor: entry {} out of order (have {})", j, count);
-      while (int64_t(pages.size()) * kPageEntries <= j) pages.push_back(pool.alloc());
-      src_rows.push_back(int64_t(e));
-      ids.push_back(entry_id(pages, j));
-      ++count;
-    }
-    backend_.write_entries(u, src_rows, ids, pool.pool());
+  // The entries this step completes, span by span, in one tensor (SPEC §3.4).
+  Tensor pooled = backend_.alloc(DType::F32, {lp.completed, d});
+  int64_t e = 0;
+  for (size_t s = 0; s < plan.spans.size(); ++s) {
+    const auto& sp = plan.spans[s];
+    CompressorState& cs = index_keys ? lp.states[s]->index_compressor : lp.states[s]->compressor;
+    Tensor part = backend_.compressor_update(a, g, sp.row0, sp.n, sp.pos0, w.ape, w.ratio, d, cs);
+    backend_.copy_rows(part, 0, pooled, e, part.rows());
+    e += part.rows();
   }
+  DSV4_CHECK(e == lp.completed, "compressor: {} entries completed, {} planned", e, lp.completed);
+  if (!e) return;
+  StepIndexArgs at{StepIndexKind::CompressedPositions, &plan.tables};
+  at.compressed = index_keys ? lp.keys : lp.compressed;
+  at.ratio = w.ratio;
+  at.count = e;
+  Tensor entry_pos = backend_.step_indices(at);  // entry j starts at position ratio·j
+  at.kind = StepIndexKind::CompressedEntries;
+  Tensor ids = backend_.step_indices(at);
+  Tensor u = backend_.rms_norm(backend_.to_bf16(pooled), w.norm, float(c.norm_eps));
+  backend_.rope(u, d, c.rope_dim, entry_pos, rope, false);
+  if (w.rotate) backend_.hadamard_fp4_simulate(u, d);
+  else backend_.fp8_simulate(u, d, d - c.rope_dim);
+  backend_.write_entries(u, ids, index_keys ? lp.caches->keys.pool() : lp.caches->kv.pool());
 }
 
-Tensor Dsv4Model::attention(const BlockWeights& block, LayerCaches& caches, const Tensor& x, const StepRows& rows) {
+Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const StepPlan& plan, const LayerPlan& lp) {
   const ModelConfig& c = config();
   const AttentionWeights& w = block.attn;
   const int l = block.layer, H = c.n_heads, hd = c.head_dim, win = c.window;
   const float eps = float(c.norm_eps);
   const RopeTable& rope = block.ratio ? rope_yarn_ : rope_plain_;
   const int64_t T = x.rows();
+  const Tensor& positions = plan.tables.positions;
+  EntryPool& kv_pool = lp.caches->kv.pool();
 
   Tensor qr = backend_.rms_norm(backend_.linear(x, w.wq_a), w.q_norm, eps);
   Tensor q = view(backend_.linear(qr, w.wq_b), {T, H, hd});
   backend_.head_rms_norm(q, hd, eps);
-  backend_.rope(q, hd, c.rope_dim, rows.positions, rope, false);
+  backend_.rope(q, hd, c.rope_dim, positions, rope, false);
   emit("q", l, q);
   Tensor kv = backend_.rms_norm(backend_.linear(x, w.wkv), w.kv_norm, eps);
-  backend_.rope(kv, hd, c.rope_dim, rows.positions, rope, false);
+  backend_.rope(kv, hd, c.rope_dim, positions, rope, false);
   backend_.fp8_simulate(kv, hd, hd - c.rope_dim);
   emit("kv", l, kv);
 
   // This step's new entries go to scratch pages first: a query sees the new entries of its own
   // chunk before the ring is updated (a chunk may be longer than the window).
-  std::vector<int32_t> scratch;
-  for (int64_t p = 0; p < (T + kPageEntries - 1) / kPageEntries; ++p) scratch.push_back(caches.kv.alloc());
-  {
-    std::vector<int64_t> src(static_cast<size_t>(T)), ids(static_cast<size_t>(T));
-    for (int64_t r = 0; r < T; ++r) src[size_t(r)] = r, ids[size_t(r)] = entry_id(scratch, r);
-    backend_.write_entries(kv, src, ids, caches.kv.pool());
-  }
-  if (block.ratio) compress(w.compressor, caches, x, rows, false, rope);
+  StepIndexArgs ix{StepIndexKind::NewEntries, &plan.tables};
+  ix.window = lp.window;
+  ix.compressed = lp.compressed;
+  ix.scratch = lp.scratch;
+  ix.ratio = block.ratio;
+  ix.window_size = win;
+  Tensor new_entries = backend_.step_indices(ix);
+  backend_.write_entries(kv, new_entries, kv_pool);
+  if (block.ratio) compress(w.compressor, x, plan, lp, false, rope);
 
   // Indexer (CSA): choose compressed entries per query (SPEC §3.5).
   Tensor topk;
@@ -273,69 +308,33 @@ Tensor Dsv4Model::attention(const BlockWeights& block, LayerCaches& caches, cons
     const IndexerWeights& iw = w.indexer;
     const int Hi = c.index_n_heads, id = c.index_head_dim;
     Tensor qi = view(backend_.linear(qr, iw.wq_b), {T, Hi, id});
-    backend_.rope(qi, id, c.rope_dim, rows.positions, rope, false);
+    backend_.rope(qi, id, c.rope_dim, positions, rope, false);
     backend_.hadamard_fp4_simulate(qi, id);
     Tensor hw = backend_.linear_bf16(x, iw.weights_proj, Hi, c.dim);
     hw = backend_.scale(hw, float(std::pow(double(id), -0.5) * std::pow(double(Hi), -0.5)));
-    compress(iw.compressor, caches, x, rows, true, rope);
-    int max_keys = 1;
-    for (auto& sp : rows.spans) max_keys = std::max<int>(max_keys, int((sp.pos0 + sp.n) / 4));
-    std::vector<int64_t> key_lists(size_t(T) * size_t(max_keys), -1);
-    std::vector<int32_t> key_counts(static_cast<size_t>(T));
-    for (auto& sp : rows.spans)
-      for (int64_t i = 0; i < sp.n; ++i) {
-        const int64_t r = sp.row0 + i, avail = (sp.pos0 + i + 1) / 4;
-        key_counts[size_t(r)] = int32_t(avail);
-        for (int64_t j = 0; j < avail; ++j) key_lists[size_t(r * max_keys + j)] = entry_id(sp.state->key_pages, j);
-      }
-    topk = backend_.indexer_topk(qi, hw, Hi, caches.keys.pool(), key_lists, key_counts, max_keys, c.index_topk);
+    compress(iw.compressor, x, plan, lp, true, rope);
+    StepIndexArgs kc = ix;
+    kc.kind = StepIndexKind::KeyCounts;
+    KeyTables keys{lp.keys, plan.tables.row_span, backend_.step_indices(kc), std::max(lp.max_keys, 1)};
+    topk = backend_.indexer_topk(qi, hw, Hi, lp.caches->keys.pool(), keys, c.index_topk);
     emit("index_topk", l, topk);
   }
 
   // Per-query entry lists: the window (oldest first, −1 padded to `win`), then the compressed part.
-  int comp_len = 0;
-  if (block.ratio == 4) comp_len = c.index_topk;
-  if (block.ratio == 128)
-    for (auto& sp : rows.spans) comp_len = std::max<int>(comp_len, int((sp.pos0 + sp.n) / 128));
-  const int list_len = win + comp_len;
-  std::vector<int64_t> lists(size_t(T) * size_t(list_len), -1);
-  std::vector<int32_t> chosen;
-  if (topk.data) {
-    chosen.resize(size_t(topk.numel()));
-    backend_.to_host(topk, chosen.data());
-  }
-  for (auto& sp : rows.spans) {
-    const LayerState& st = *sp.state;
-    for (int64_t i = 0; i < sp.n; ++i) {
-      const int64_t r = sp.row0 + i, pos = sp.pos0 + i;
-      int64_t* list = lists.data() + r * list_len;
-      int slot = 0;
-      for (int64_t p = std::max<int64_t>(0, pos - win + 1); p <= pos; ++p, ++slot)
-        list[slot] = p >= sp.pos0 ? entry_id(scratch, sp.row0 + (p - sp.pos0)) : entry_id(st.window_pages, p % win);
-      if (block.ratio == 4) {
-        for (int k = 0; k < c.index_topk; ++k) {
-          int32_t j = chosen[size_t(r) * size_t(c.index_topk) + size_t(k)];
-          list[win + k] = j >= 0 ? entry_id(st.comp_pages, j) : -1;
-        }
-      } else if (block.ratio == 128) {
-        for (int64_t j = 0; j < (pos + 1) / 128; ++j) list[win + j] = entry_id(st.comp_pages, j);
-      }
-    }
-  }
+  StepIndexArgs li = ix;
+  li.kind = StepIndexKind::AttentionLists;
+  li.topk = topk.data ? &topk : nullptr;
+  li.count = lp.comp_len;
+  Tensor lists = backend_.step_indices(li);
   const float scale = float(1.0 / std::sqrt(double(hd)));
-  Tensor o = backend_.sparse_attention(q, H, hd, caches.kv.pool(), lists, list_len, w.sink, scale);
+  Tensor o = backend_.sparse_attention(q, H, hd, kv_pool, lists, w.sink, scale);
 
   // The ring keeps the last `win` positions of every sequence.
-  std::vector<int64_t> src, dst;
-  for (auto& sp : rows.spans)
-    for (int64_t i = std::max<int64_t>(0, sp.n - win); i < sp.n; ++i) {
-      src.push_back(entry_id(scratch, sp.row0 + i));
-      dst.push_back(entry_id(sp.state->window_pages, (sp.pos0 + i) % win));
-    }
-  backend_.copy_entries(src, dst, caches.kv.pool());
-  for (auto p : scratch) caches.kv.free(p);
+  StepIndexArgs ring = ix;
+  ring.kind = StepIndexKind::RingSlots;
+  backend_.copy_entries(new_entries, backend_.step_indices(ring), kv_pool);
 
-  backend_.rope(o, hd, c.rope_dim, rows.positions, rope, true);  // de-rotate by the query position
+  backend_.rope(o, hd, c.rope_dim, positions, rope, true);  // de-rotate by the query position
   emit("attn_core", l, o);
   Tensor z = backend_.grouped_out_proj(view(o, {T, int64_t(H) * hd}), w.wo_a, c.o_groups, c.o_lora_rank);
   return backend_.linear(z, w.wo_b);
@@ -347,20 +346,18 @@ Tensor Dsv4Model::mtp_logits(const Tensor& X, const std::vector<int32_t>& next_t
   const MtpWeights& m = weights_->mtp[0];
   const int64_t T = int64_t(next_tokens.size());
   const float eps = float(c.norm_eps);
-  // Xm[j] = e_proj(enorm(embed(next))) + h_proj(hnorm(X[j])) per stream (SPEC §3.9).
-  Tensor e = backend_.linear(backend_.rms_norm(backend_.embed(next_tokens, weights_->embed, c.dim), m.enorm, eps), m.e_proj);
-  Tensor hs = backend_.linear(backend_.rms_norm(view(X, {T * c.hc_mult, c.dim}), m.hnorm, eps), m.h_proj);
-  Tensor e_rows = backend_.alloc(DType::BF16, {T * c.hc_mult, c.dim});
-  for (int64_t t = 0; t < T; ++t)
-    for (int j = 0; j < c.hc_mult; ++j) backend_.copy_rows(e, t, e_rows, t * c.hc_mult + j, 1);
-  Tensor Xm = view(backend_.add(e_rows, hs), {T, c.hc_mult, c.dim});
+  for (size_t i = 1; i < positions.size(); ++i)
+    DSV4_CHECK(positions[i] == positions[0] + int32_t(i), "mtp_logits: positions must be consecutive");
   LayerCaches& caches = *caches_[size_t(m.block.layer)];
   LayerState st = make_layer_state(m.block, caches);
-  StepRows rows;
-  rows.tokens = next_tokens;
-  rows.positions = positions;
-  rows.spans.push_back({&st, 0, T, positions.empty() ? 0 : positions[0]});
-  Tensor Xo = run_block(m.block, caches, Xm, rows);
+  StepPlan plan = plan_block(m.block, caches, st, next_tokens, positions.empty() ? 0 : positions[0]);
+  // Xm[j] = e_proj(enorm(embed(next))) + h_proj(hnorm(X[j])) per stream (SPEC §3.9); the
+  // embedding side is computed per stream row (row-wise ops: the same value on every stream).
+  Tensor e = backend_.linear(backend_.rms_norm(backend_.embed(plan.stream_tokens, weights_->embed, c.dim), m.enorm, eps), m.e_proj);
+  Tensor hs = backend_.linear(backend_.rms_norm(view(X, {T * c.hc_mult, c.dim}), m.hnorm, eps), m.h_proj);
+  Tensor Xm = view(backend_.add(e, hs), {T, c.hc_mult, c.dim});
+  Tensor Xo = run_block(m.block, Xm, plan, 0);
+  release_step_plan(plan);
   release_layer_state(st, caches);
   return head_logits(Xo, m.hc_head, m.norm);
 }

@@ -9,7 +9,8 @@
 
 #include "backend/backend.h"
 #include "model/weights.h"
-#include "runtime/kv_pool.h"
+#include "model/kv_pool.h"
+#include "model/step_plan.h"
 
 namespace dsv4 {
 
@@ -39,14 +40,10 @@ struct StepOutput {
   std::vector<int32_t> tokens;  // per item: the sampled token, −1 where the item did not sample
 };
 
-// Rows of one step, grouped by sequence.
-struct StepRows {
-  struct Span {
-    LayerState* state = nullptr;  // this sequence's state in the layer being run
-    int64_t row0 = 0, n = 0, pos0 = 0;
-  };
-  std::vector<int32_t> tokens, positions;
-  std::vector<Span> spans;
+// What a step leaves on the backend: the head's logits rows and the sampled tokens.
+struct StepResult {
+  Tensor logits;  // F32 [P, V]
+  Tensor tokens;  // I32 [R]: one per sampling item, in batch order
 };
 
 class Dsv4Model {
@@ -63,11 +60,21 @@ class Dsv4Model {
   int64_t position(SeqId id) const;
 
   // One forward step over the batch; every item's start position is its sequence's position.
+  // = finish_step(plan_step(batch), run_step(plan), batch).
   StepOutput step(const std::vector<BatchItem>& batch);
+  // Its three parts: the host's work before (validation, pages, the descriptor upload), the
+  // backend's work (enqueued only: no host read, no synchronisation — it can be recorded and
+  // replayed), and the host's work after (reading tokens and logits, advancing positions).
+  StepPlan plan_step(const std::vector<BatchItem>& batch);
+  StepResult run_step(const StepPlan& plan);
+  StepOutput finish_step(StepPlan& plan, const StepResult& result, const std::vector<BatchItem>& batch);
 
   // Pieces used by layer-check and the MTP path (same code as step()).
-  Tensor embed_streams(const std::vector<int32_t>& tokens);  // [T, hc, D]
-  Tensor run_block(const BlockWeights& block, LayerCaches& caches, const Tensor& X, const StepRows& rows);
+  // A plan for one layer and one ad-hoc sequence state (layer-check); release with release_step_plan.
+  StepPlan plan_block(const BlockWeights& block, LayerCaches& caches, LayerState& state,
+                      const std::vector<int32_t>& tokens, int64_t pos0);
+  // Layer `layer` of the plan (its index among the plan's layers).
+  Tensor run_block(const BlockWeights& block, const Tensor& X, const StepPlan& plan, size_t layer);
   Tensor head_logits(const Tensor& X, const HyperConnection& hc, const uint16_t* norm);
   // MTP block (SPEC §3.9) on main-model final streams X with the next tokens' ids.
   Tensor mtp_logits(const Tensor& X, const std::vector<int32_t>& next_tokens, const std::vector<int32_t>& positions);
@@ -82,10 +89,10 @@ class Dsv4Model {
 
  private:
   struct Sequence;
-  Tensor attention(const BlockWeights& block, LayerCaches& caches, const Tensor& x, const StepRows& rows);
-  Tensor moe(const BlockWeights& block, const Tensor& x, const StepRows& rows);
-  void compress(const CompressorWeights& w, LayerCaches& caches, const Tensor& x, const StepRows& rows, bool index_keys,
+  Tensor attention(const BlockWeights& block, const Tensor& x, const StepPlan& plan, const LayerPlan& lp);
+  void compress(const CompressorWeights& w, const Tensor& x, const StepPlan& plan, const LayerPlan& lp, bool index_keys,
                 const RopeTable& rope);
+  Tensor embed_streams(const StepPlan& plan);  // [T, hc, D]
   void emit(const std::string& name, int layer, const Tensor& t) {
     if (dump) dump(name + "-" + std::to_string(layer), t);
   }

@@ -69,7 +69,7 @@ TEST(CpuOps, Fp8SimulationIsLosslessInKvEntries) {
     EntryPool pool;
     pool.kind = EntryKind::KV;
     be.grow_pool(pool, 1);
-    be.write_entries(x, {0}, {5}, pool);
+    be.write_entries(x, upload_i32(be, {5}), pool);
     float back[512];
     kv_layout::decode_kv_entry_at(pool.storage.ptr<uint8_t>(), 5, back);
     for (int i = 0; i < 512; ++i) ASSERT_EQ(back[i], bf16_to_f32(x.ptr<uint16_t>()[i])) << i;
@@ -126,20 +126,20 @@ TEST(CpuOps, SparseAttentionMatchesSoftmaxWithSink) {
   auto kv = random_bf16(size_t(n_entries) * d, rng);
   Tensor kvt = be.from_host(DType::BF16, {n_entries, d}, kv.data());
   be.fp8_simulate(kvt, d, 448);
-  std::vector<int64_t> rows(n_entries), ids(n_entries);
-  std::iota(rows.begin(), rows.end(), 0);
+  std::vector<int32_t> ids(n_entries);
   std::iota(ids.begin(), ids.end(), 0);
-  be.write_entries(kvt, rows, ids, pool);
+  be.write_entries(kvt, upload_i32(be, ids), pool);
   const int T = 3;
   auto q = random_bf16(size_t(T) * H * d, rng, 0.05f);
   Tensor qt = be.from_host(DType::BF16, {T, H, d}, q.data());
-  std::vector<int64_t> lists(size_t(T) * list_len, -1);
+  std::vector<int32_t> lists(size_t(T) * list_len, -1);
   std::uniform_int_distribution<int> pick(0, n_entries - 1);
   for (int t = 0; t < T; ++t)
     for (int i = 0; i < list_len - 7 * t; ++i) lists[size_t(t * list_len + i)] = pick(rng);
   float sink[H] = {0.5f, -1.0f, 2.0f, 0.0f};
   const float scale = 1.0f / std::sqrt(512.0f);
-  Tensor o = be.sparse_attention(qt, H, d, pool, lists, list_len, sink, scale);
+  Tensor lt = be.from_host(DType::I32, {T, list_len}, lists.data());
+  Tensor o = be.sparse_attention(qt, H, d, pool, lt, sink, scale);
   double err = 0, ref_norm = 0;
   for (int t = 0; t < T; ++t)
     for (int h = 0; h < H; ++h) {
@@ -177,18 +177,20 @@ TEST(CpuOps, IndexerTopkOrderAndTies) {
   std::vector<uint16_t> keys(size_t(n) * 128, 0);
   for (int j = 0; j < n; ++j) keys[size_t(j) * 128] = f32_to_bf16(float(j % 3));
   Tensor kt = be.from_host(DType::BF16, {n, 128}, keys.data());
-  std::vector<int64_t> rows(n), ids(n);
-  std::iota(rows.begin(), rows.end(), 0);
+  std::vector<int32_t> ids(n);
   std::iota(ids.begin(), ids.end(), 0);
-  be.write_entries(kt, rows, ids, pool);
+  be.write_entries(kt, upload_i32(be, ids), pool);
   std::vector<uint16_t> q(size_t(H) * 128, 0), w(H, f32_to_bf16(1.0f));
   q[0] = q[128] = f32_to_bf16(1.0f);
   Tensor qt = be.from_host(DType::BF16, {T, H, 128}, q.data()), wt = be.from_host(DType::BF16, {T, H}, w.data());
-  Tensor top = be.indexer_topk(qt, wt, H, pool, ids, {n}, n, k);
+  // One span whose block table is page 0: keys j are entries 0..n−1.
+  KeyTables tables{upload_i32(be, {0}), upload_i32(be, {0}), upload_i32(be, {n}), n};
+  Tensor top = be.indexer_topk(qt, wt, H, pool, tables, k);
   std::vector<int32_t> got(k);
   be.to_host(top, got.data());
   EXPECT_EQ(got, (std::vector<int32_t>{2, 5, 8, 1}));  // highest first; ties to the lower index
-  top = be.indexer_topk(qt, wt, H, pool, ids, {2}, n, k);  // fewer keys than k: −1 fill
+  tables.counts = upload_i32(be, {2});
+  top = be.indexer_topk(qt, wt, H, pool, tables, k);  // fewer keys than k: −1 fill
   be.to_host(top, got.data());
   EXPECT_EQ(got, (std::vector<int32_t>{1, 0, -1, -1}));
 }

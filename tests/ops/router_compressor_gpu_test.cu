@@ -61,7 +61,7 @@ void check_route(RouteMode mode, int64_t T, int E, int k, int D) {
   mw.hash_table = mode == RouteMode::Hash ? table.data() : nullptr;
   mw.experts.resize(size_t(E));
   Tensor xt = cpu.from_host(DType::BF16, {T, D}, x.data());
-  dsv4::Routing want = cpu.route(xt, mw, token_ids, k, 1.5f);
+  dsv4::Routing want = cpu.route(xt, mw, dsv4::upload_i32(cpu, token_ids), k, 1.5f);
   Tensor logits = cpu.linear_f32(xt, gate.data(), E, D);
 
   // The CPU's selection scores, to judge flips.

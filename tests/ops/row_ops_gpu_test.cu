@@ -94,7 +94,7 @@ void check_embed(int64_t n, int dim, int copies) {
   for (auto& i : ids) i = id(rng());
   ids.front() = 0;
   ids.back() = vocab - 1;
-  const std::vector<uint16_t> rows = bf16_contents(cpu().embed(ids, table.data(), dim));
+  const std::vector<uint16_t> rows = bf16_contents(cpu().embed(dsv4::upload_i32(cpu(), ids), table.data(), dim));
   std::vector<uint16_t> want(static_cast<size_t>(n * copies * dim));
   for (int64_t i = 0; i < n; ++i)
     for (int c = 0; c < copies; ++c)
@@ -227,7 +227,7 @@ void check_rope(int64_t rows, int heads, int head_dim, bool yarn, bool inverse) 
   if (rows > 1) positions[1] = 1000000;
   const std::vector<uint16_t> x = random_groups(rows * heads * head_dim, head_dim, -10, 10);
   Tensor t = host_tensor(DType::BF16, {rows, int64_t(heads) * head_dim}, x.data());
-  cpu().rope(t, head_dim, rope_dim, positions, table, inverse);
+  cpu().rope(t, head_dim, rope_dim, dsv4::upload_i32(cpu(), positions), table, inverse);
   const std::vector<uint16_t> want = bf16_contents(t);
 
   Stream stream;

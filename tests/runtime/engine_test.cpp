@@ -155,7 +155,7 @@ TEST_F(EngineTest, ConcurrentGreedyRequestsMatchSoloRuns) {
   for (size_t i = 0; i < hs.size(); ++i) {
     Result r = drain(hs[i]);
     ASSERT_TRUE(r.done) << "request " << i;
-    EXPECT_EQ(r.fin.reason, FinishReason::Length);
+    EXPECT_EQ(r.fin.reason, FinishReason::Length) << r.fin.error;
     EXPECT_EQ(r.tokens, want[i]) << "request " << i << " (prompt " << lengths[i] << ")";
     EXPECT_EQ(r.fin.usage.prompt_tokens, lengths[i]);
     EXPECT_EQ(r.fin.usage.completion_tokens, n);

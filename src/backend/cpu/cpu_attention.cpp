@@ -8,6 +8,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cpu/indexer_reference.h"
 #include "backend/cpu/sparse_mla_reference.h"
+#include "backend/cpu/step_indices_reference.h"
 #include "backend/kv_cache_layout.h"
 #include "core/error.h"
 #include "core/thread_pool.h"
@@ -29,49 +30,69 @@ void CpuBackend::grow_pool(EntryPool& pool, int64_t pages) {
   pool.pages = pages;
 }
 
-void CpuBackend::write_entries(const Tensor& values, const std::vector<int64_t>& rows,
-                               const std::vector<int64_t>& entries, EntryPool& pool) {
-  const int64_t width = values.numel() / values.rows();
+void CpuBackend::write_entries(const Tensor& values, const Tensor& entries, EntryPool& pool) {
+  const int64_t n = values.rows();
+  DSV4_CHECK(entries.numel() == n, "write_entries: {} entry ids for {} rows", entries.numel(), n);
+  if (!n) return;
+  const int64_t width = values.numel() / n;
   uint8_t* base = pool.storage.ptr<uint8_t>();
-  for (size_t i = 0; i < rows.size(); ++i) {
-    DSV4_CHECK(entries[i] >= 0 && entries[i] < pool.pages * kv_layout::kEntriesPerPage, "entry {} outside the pool", entries[i]);
-    const uint16_t* v = values.ptr<uint16_t>() + rows[i] * width;
+  for (int64_t r = 0; r < n; ++r) {
+    const int64_t e = entries.ptr<int32_t>()[r];
+    if (e < 0) continue;
+    DSV4_CHECK(e < pool.pages * kv_layout::kEntriesPerPage, "entry {} outside the pool", e);
+    const uint16_t* v = values.ptr<uint16_t>() + r * width;
     float f[kv_layout::kHeadDim];
     for (int64_t c = 0; c < width; ++c) f[c] = bf16_to_f32(v[c]);
     if (pool.kind == EntryKind::KV) {
       DSV4_CHECK(width == kv_layout::kHeadDim, "KV entries are {} wide, got {}", kv_layout::kHeadDim, width);
-      kv_layout::encode_kv_entry_at(base, entries[i], f);
+      kv_layout::encode_kv_entry_at(base, e, f);
     } else {
       DSV4_CHECK(width == kv_layout::kIndexDim, "indexer keys are {} wide, got {}", kv_layout::kIndexDim, width);
-      kv_layout::encode_index_key_fp4_at(base, entries[i], f);
+      kv_layout::encode_index_key_fp4_at(base, e, f);
     }
   }
 }
 
-void CpuBackend::copy_entries(const std::vector<int64_t>& src, const std::vector<int64_t>& dst, EntryPool& pool) {
+void CpuBackend::copy_entries(const Tensor& src, const Tensor& dst, EntryPool& pool) {
   DSV4_CHECK(pool.kind == EntryKind::KV, "copy_entries: KV pools only");
+  DSV4_CHECK(src.numel() == dst.numel(), "copy_entries: {} sources, {} destinations", src.numel(), dst.numel());
   uint8_t* base = pool.storage.ptr<uint8_t>();
-  for (size_t i = 0; i < src.size(); ++i) {
-    std::memmove(base + kv_layout::kv_entry_data_offset(dst[i]), base + kv_layout::kv_entry_data_offset(src[i]),
+  const int64_t limit = pool.pages * kv_layout::kEntriesPerPage;
+  for (int64_t i = 0; i < src.numel(); ++i) {
+    const int64_t s = src.ptr<int32_t>()[i], d = dst.ptr<int32_t>()[i];
+    if (s < 0 || d < 0) continue;
+    DSV4_CHECK(s < limit && d < limit, "copy_entries: entry {} → {} outside the pool", s, d);
+    std::memmove(base + kv_layout::kv_entry_data_offset(d), base + kv_layout::kv_entry_data_offset(s),
                  kv_layout::kEntryDataBytes);
-    std::memmove(base + kv_layout::kv_entry_scale_offset(dst[i]), base + kv_layout::kv_entry_scale_offset(src[i]),
+    std::memmove(base + kv_layout::kv_entry_scale_offset(d), base + kv_layout::kv_entry_scale_offset(s),
                  kv_layout::kEntryScaleBytes);
   }
 }
 
+Tensor CpuBackend::step_indices(const StepIndexArgs& args) {
+  const cpu::StepIndexArrays a = cpu::step_index_arrays(args);
+  Tensor out = alloc(DType::I32, {cpu::step_indices_size(a)});
+  cpu::step_indices_reference(a, out.ptr<int32_t>());
+  if (args.kind == StepIndexKind::AttentionLists) out.shape = {a.rows, a.window_size + a.count};
+  return out;
+}
+
 Tensor CpuBackend::sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
-                                    const std::vector<int64_t>& entry_lists, int list_len, const float* sink,
-                                    float scale) {
+                                    const Tensor& entry_lists, const float* sink, float scale) {
   // SPEC §3.6 with the reference kernel's schedule (blocks of 64 list positions, online softmax in
   // f32, bf16 probabilities before P·V, sink in the denominator): the same CPU reference the CUDA
   // kernel is tested against, run over row ranges in parallel.
   DSV4_CHECK(head_dim == kv_layout::kHeadDim, "sparse_attention: head_dim {}", head_dim);
   const int64_t T = q.rows();
   Tensor out = alloc(DType::BF16, {T, n_heads, head_dim});
-  std::vector<int32_t> lists(entry_lists.begin(), entry_lists.end());
+  if (!T) return out;
+  DSV4_CHECK(entry_lists.rows() == T && entry_lists.shape.size() == 2, "sparse_attention: lists of {} rows for {} queries",
+             entry_lists.rows(), T);
+  const int list_len = int(entry_lists.shape[1]);
+  const int32_t* lists = entry_lists.ptr<int32_t>();
   const uint8_t* base = kv_pool.storage.ptr<uint8_t>();
   parallel_for(T, [&](int64_t t0, int64_t t1) {
-    cpu::SparseMlaLists l{lists.data() + t0 * list_len, nullptr, list_len, list_len};
+    cpu::SparseMlaLists l{lists + t0 * list_len, nullptr, list_len, list_len};
     const size_t row = size_t(n_heads) * size_t(head_dim);
     cpu::sparse_mla_decode_reference(q.ptr<uint16_t>() + size_t(t0) * row, int(t1 - t0), n_heads, base, base, l, sink, scale,
                                      out.ptr<uint16_t>() + size_t(t0) * row);
@@ -80,22 +101,31 @@ Tensor CpuBackend::sparse_attention(const Tensor& q, int n_heads, int head_dim, 
 }
 
 Tensor CpuBackend::indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
-                                const std::vector<int64_t>& key_lists, const std::vector<int32_t>& key_counts,
-                                int max_keys, int k) {
+                                const KeyTables& keys_in, int k) {
   // SPEC §3.5 with the reference's bf16 rounding points, through the CPU reference the CUDA
   // indexer is tested against (cpu/indexer_reference.h).
   const int64_t T = q.rows();
   constexpr int d = kv_layout::kIndexDim;
   Tensor out = alloc(DType::I32, {T, k});
   const uint8_t* base = key_pool.storage.ptr<uint8_t>();
+  const int64_t width = keys_in.pages.rows() ? keys_in.pages.numel() / keys_in.pages.rows() : 0;
+  const int32_t* pages = keys_in.pages.ptr<int32_t>();
+  const int64_t limit = key_pool.pages * kv_layout::kEntriesPerPage;
   parallel_for(T, [&](int64_t t0, int64_t t1) {
     std::vector<float> keys, scores;
     for (int64_t t = t0; t < t1; ++t) {
-      const int n = key_counts[size_t(t)];
+      const int n = keys_in.counts.ptr<int32_t>()[t];
+      const int64_t s = keys_in.query_span.ptr<int32_t>()[t];
+      DSV4_CHECK(n <= keys_in.max_keys && (n + kv_layout::kEntriesPerPage - 1) / kv_layout::kEntriesPerPage <= width,
+                 "indexer: query {} has {} keys, its table {} pages", t, n, width);
       keys.resize(size_t(n) * d);
       scores.resize(size_t(n));
-      for (int j = 0; j < n; ++j)
-        kv_layout::decode_index_key_fp4_at(base, key_lists[size_t(t * max_keys + j)], keys.data() + size_t(j) * d);
+      for (int j = 0; j < n; ++j) {
+        const int64_t e = int64_t(pages[s * width + j / kv_layout::kEntriesPerPage]) * kv_layout::kEntriesPerPage +
+                          j % kv_layout::kEntriesPerPage;
+        DSV4_CHECK(e >= 0 && e < limit, "indexer: key entry {} outside the pool", e);
+        kv_layout::decode_index_key_fp4_at(base, e, keys.data() + size_t(j) * d);
+      }
       cpu::indexer_scores_reference(q.ptr<uint16_t>() + t * n_heads * d, head_weights.ptr<uint16_t>() + t * n_heads,
                                     n_heads, keys.data(), n, scores.data());
       cpu::topk_reference(scores.data(), n, k, out.ptr<int32_t>() + t * k);

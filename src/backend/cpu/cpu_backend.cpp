@@ -37,10 +37,11 @@ void CpuBackend::copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int6
               static_cast<const uint8_t*>(src.data) + size_t(src_row) * row_bytes, size_t(rows) * row_bytes);
 }
 
-Tensor CpuBackend::embed(const std::vector<int32_t>& ids, const uint16_t* table, int dim) {
-  Tensor out = alloc(DType::BF16, {int64_t(ids.size()), dim});
-  for (size_t i = 0; i < ids.size(); ++i)
-    std::memcpy(out.ptr<uint16_t>() + i * size_t(dim), table + size_t(ids[i]) * size_t(dim), size_t(dim) * 2);
+Tensor CpuBackend::embed(const Tensor& ids, const uint16_t* table, int dim) {
+  const int64_t n = ids.numel();
+  Tensor out = alloc(DType::BF16, {n, dim});
+  for (int64_t i = 0; i < n; ++i)
+    std::memcpy(out.ptr<uint16_t>() + i * dim, table + size_t(ids.ptr<int32_t>()[i]) * size_t(dim), size_t(dim) * 2);
   return out;
 }
 
@@ -84,14 +85,16 @@ void CpuBackend::head_rms_norm(Tensor& x, int head_dim, float eps) {
   });
 }
 
-void CpuBackend::rope(Tensor& x, int head_dim, int rope_dim, const std::vector<int32_t>& positions,
-                      const RopeTable& table, bool inverse) {
+void CpuBackend::rope(Tensor& x, int head_dim, int rope_dim, const Tensor& positions_t, const RopeTable& table,
+                      bool inverse) {
   const int64_t rows = x.rows();
+  if (!rows) return;
   const int64_t heads = x.numel() / rows / head_dim;
-  DSV4_CHECK(int64_t(positions.size()) == rows, "rope: {} positions for {} rows", positions.size(), rows);
+  DSV4_CHECK(positions_t.numel() == rows, "rope: {} positions for {} rows", positions_t.numel(), rows);
+  const int32_t* positions = positions_t.ptr<int32_t>();
   parallel_for(rows, [&](int64_t r0, int64_t r1) {
     for (int64_t r = r0; r < r1; ++r) {
-      const float pos = float(positions[size_t(r)]);
+      const float pos = float(positions[r]);
       for (int64_t h = 0; h < heads; ++h) {
         uint16_t* v = x.ptr<uint16_t>() + (r * heads + h) * head_dim + (head_dim - rope_dim);
         for (int i = 0; i < rope_dim / 2; ++i) {
@@ -150,13 +153,14 @@ Tensor CpuBackend::logits(const Tensor& h, const uint16_t* head, int vocab) {
   return linear_f32(h, head, vocab, int(h.numel() / h.rows()));
 }
 
-std::vector<int32_t> CpuBackend::sample(const Tensor& logits, const std::vector<SamplingParams>& params,
-                                        const std::vector<uint64_t>& counters) {
+Tensor CpuBackend::sample(const Tensor& logits, const Tensor& params, const Tensor& counters) {
   const int64_t rows = logits.rows();
-  DSV4_CHECK(int64_t(params.size()) == rows && int64_t(counters.size()) == rows,
-             "sample: {} rows, {} parameter sets, {} counters", rows, params.size(), counters.size());
-  std::vector<int32_t> out(static_cast<size_t>(rows));
-  if (rows) sample_reference(logits.ptr<float>(), rows, int(logits.numel() / rows), params.data(), counters.data(), out.data());
+  DSV4_CHECK(int64_t(params.nbytes()) == rows * int64_t(sizeof(SamplingParams)) && int64_t(counters.nbytes()) == rows * 8,
+             "sample: {} rows, {} parameter bytes, {} counter bytes", rows, params.nbytes(), counters.nbytes());
+  Tensor out = alloc(DType::I32, {rows});
+  if (rows)
+    sample_reference(logits.ptr<float>(), rows, int(logits.numel() / rows), static_cast<const SamplingParams*>(params.data),
+                     static_cast<const uint64_t*>(counters.data), out.ptr<int32_t>());
   return out;
 }
 

@@ -12,8 +12,7 @@
 
 namespace dsv4 {
 
-Routing CpuBackend::route(const Tensor& x, const MoeWeights& w, const std::vector<int32_t>& token_ids, int k,
-                          float route_scale) {
+Routing CpuBackend::route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) {
   const int64_t T = x.rows();
   const int E = int(w.experts.size());
   const int D = int(x.numel() / T);
@@ -29,7 +28,7 @@ Routing CpuBackend::route(const Tensor& x, const MoeWeights& w, const std::vecto
     }
     int32_t* ids = r.ids.ptr<int32_t>() + t * k;
     if (w.hash_table) {
-      for (int i = 0; i < k; ++i) ids[i] = w.hash_table[size_t(token_ids[size_t(t)]) * size_t(k) + size_t(i)];
+      for (int i = 0; i < k; ++i) ids[i] = w.hash_table[size_t(token_ids.ptr<int32_t>()[t]) * size_t(k) + size_t(i)];
     } else {
       std::vector<int> order(static_cast<size_t>(E));
       std::iota(order.begin(), order.end(), 0);

@@ -82,6 +82,41 @@ std::string CudaBackend::name() const {
 
 void CudaBackend::synchronize() { stream_.sync(); }
 
+namespace {
+struct CudaGraph final : CapturedWork {
+  cudaGraph_t graph = nullptr;
+  cudaGraphExec_t exec = nullptr;
+  ~CudaGraph() override {
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+  }
+};
+}  // namespace
+
+void CudaBackend::begin_capture() {
+  // Thread-local mode: a driver allocation or a synchronising call from this thread while
+  // recording is an error, so a recording that succeeds proves the step does neither.
+  DSV4_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+}
+
+std::unique_ptr<CapturedWork> CudaBackend::end_capture() {
+  auto g = std::make_unique<CudaGraph>();
+  const cudaError_t err = cudaStreamEndCapture(stream(), &g->graph);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail("CUDA backend: recording the step failed ({}): it synchronised, read back or allocated while recording",
+         cudaGetErrorString(err));
+  }
+  DSV4_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+  return g;
+}
+
+void CudaBackend::replay(const CapturedWork& work) {
+  const auto* g = dynamic_cast<const CudaGraph*>(&work);
+  DSV4_CHECK(g && g->exec, "replay: not a recording of this backend");
+  DSV4_CUDA_CHECK(cudaGraphLaunch(g->exec, stream()));
+}
+
 const void* CudaBackend::place_weight(const void* host, size_t bytes) {
   DeviceBuffer<uint8_t> buf(std::max<size_t>(bytes, 1));
   if (bytes) DSV4_CUDA_CHECK(cudaMemcpy(buf.get(), host, bytes, cudaMemcpyHostToDevice));
@@ -97,6 +132,21 @@ Tensor CudaBackend::alloc(DType dtype, std::vector<int64_t> shape) {
   void* p = memory_->get(bytes);
   std::shared_ptr<DeviceMemoryPool> pool = memory_;
   t.storage = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [pool, bytes](uint8_t* q) { pool->put(q, bytes); });
+  t.data = p;
+  return t;
+}
+
+Tensor CudaBackend::alloc_state(DType dtype, std::vector<int64_t> shape) {
+  Tensor t;
+  t.dtype = dtype;
+  t.shape = std::move(shape);
+  void* p = nullptr;
+  if (cudaMalloc(&p, std::max<size_t>(t.nbytes(), 1)) != cudaSuccess) {
+    (void)cudaGetLastError();
+    fail("CUDA backend: out of device memory allocating {:.1f} MB of cache state", double(t.nbytes()) / 1e6);
+  }
+  // cudaFree waits for the device: state is released between steps, never inside one.
+  t.storage = std::shared_ptr<uint8_t>(static_cast<uint8_t*>(p), [](uint8_t* q) { cudaFree(q); });
   t.data = p;
   return t;
 }
@@ -122,21 +172,13 @@ void CudaBackend::copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int
                                   size_t(rows) * row_bytes, cudaMemcpyDeviceToDevice, stream()));
 }
 
-Tensor CudaBackend::upload_ids(const std::vector<int64_t>& ids) {
-  std::vector<int32_t> v(ids.size());
-  for (size_t i = 0; i < ids.size(); ++i) {
-    DSV4_CHECK(ids[i] >= -1 && ids[i] <= INT32_MAX, "entry id {} does not fit the kernels' int32 ids", ids[i]);
-    v[i] = int32_t(ids[i]);
-  }
-  return upload(DType::I32, v);
-}
-
 // ---- row ops ----
 
-Tensor CudaBackend::embed(const std::vector<int32_t>& ids, const uint16_t* table, int dim) {
-  Tensor d_ids = upload(DType::I32, ids);
-  Tensor out = alloc(DType::BF16, {int64_t(ids.size()), dim});
-  embed_rows(d_ids.ptr<int32_t>(), int64_t(ids.size()), table, dim, 1, out.ptr<uint16_t>(), stream());
+Tensor CudaBackend::embed(const Tensor& ids, const uint16_t* table, int dim) {
+  DSV4_CHECK(ids.dtype == DType::I32, "embed: ids must be I32");
+  const int64_t n = ids.data ? ids.numel() : 0;
+  Tensor out = alloc(DType::BF16, {n, dim});
+  if (n) embed_rows(ids.ptr<int32_t>(), n, table, dim, 1, out.ptr<uint16_t>(), stream());
   return out;
 }
 
@@ -151,14 +193,14 @@ void CudaBackend::head_rms_norm(Tensor& x, int head_dim, float eps) {
   cuda::head_rms_norm(x.ptr<uint16_t>(), x.numel() / head_dim, head_dim, eps, stream());
 }
 
-void CudaBackend::rope(Tensor& x, int head_dim, int rope_dim, const std::vector<int32_t>& positions,
-                       const RopeTable& table, bool inverse) {
+void CudaBackend::rope(Tensor& x, int head_dim, int rope_dim, const Tensor& positions, const RopeTable& table,
+                       bool inverse) {
   const int64_t rows = x.rows();
-  DSV4_CHECK(int64_t(positions.size()) == rows, "rope: {} positions for {} rows", positions.size(), rows);
-  DSV4_CHECK(table.device, "rope: the frequency table was not placed on the device");
   if (!rows) return;
-  Tensor pos = upload(DType::I32, positions);
-  cuda::rope(x.ptr<uint16_t>(), rows, int(x.numel() / rows / head_dim), head_dim, rope_dim, pos.ptr<int32_t>(),
+  DSV4_CHECK(positions.numel() == rows && positions.dtype == DType::I32, "rope: {} positions for {} rows",
+             positions.numel(), rows);
+  DSV4_CHECK(table.device, "rope: the frequency table was not placed on the device");
+  cuda::rope(x.ptr<uint16_t>(), rows, int(x.numel() / rows / head_dim), head_dim, rope_dim, positions.ptr<int32_t>(),
              table.device, inverse, stream());
 }
 
@@ -239,22 +281,17 @@ Tensor CudaBackend::logits(const Tensor& h, const uint16_t* head, int vocab) {
   return linear_f32(h, head, vocab, int(h.numel() / std::max<int64_t>(h.rows(), 1)));
 }
 
-std::vector<int32_t> CudaBackend::sample(const Tensor& logits, const std::vector<SamplingParams>& params,
-                                         const std::vector<uint64_t>& counters) {
+Tensor CudaBackend::sample(const Tensor& logits, const Tensor& params, const Tensor& counters) {
   const int64_t rows = logits.rows();
-  DSV4_CHECK(int64_t(params.size()) == rows && int64_t(counters.size()) == rows,
-             "sample: {} rows, {} parameter sets, {} counters", rows, params.size(), counters.size());
-  std::vector<int32_t> out(static_cast<size_t>(rows));
-  if (!rows) return out;
-  const int vocab = int(logits.numel() / rows);
-  Tensor p = from_host(DType::U8, {int64_t(params.size() * sizeof(SamplingParams))}, params.data());
-  Tensor c = from_host(DType::U8, {int64_t(counters.size() * 8)}, counters.data());
-  Tensor ws = alloc(DType::U8, {int64_t(sampling_workspace_bytes(rows, vocab))});
+  DSV4_CHECK(int64_t(params.nbytes()) == rows * int64_t(sizeof(SamplingParams)) && int64_t(counters.nbytes()) == rows * 8,
+             "sample: {} rows, {} parameter bytes, {} counter bytes", rows, params.nbytes(), counters.nbytes());
   Tensor ids = alloc(DType::I32, {rows});
-  sample_tokens(logits.ptr<float>(), rows, vocab, p.ptr<SamplingParams>(), c.ptr<uint64_t>(), ids.ptr<int32_t>(),
-                ws.data, stream());
-  to_host(ids, out.data());
-  return out;
+  if (!rows) return ids;
+  const int vocab = int(logits.numel() / rows);
+  Tensor ws = alloc(DType::U8, {int64_t(sampling_workspace_bytes(rows, vocab))});
+  sample_tokens(logits.ptr<float>(), rows, vocab, static_cast<const SamplingParams*>(params.data),
+                static_cast<const uint64_t*>(counters.data), ids.ptr<int32_t>(), ws.data, stream());
+  return ids;
 }
 
 // ---- hyper-connections ----

@@ -1,7 +1,10 @@
 // The CUDA backend: every op of backend.h on the GPU, composed of the kernels in this folder (one
-// op per .cu, each tested against its CPU twin). All work goes to one stream in order; tensors come
-// from a caching pool, so a step after the first allocates nothing from the driver. Host reads
-// (to_host) synchronise; nothing else does.
+// op per .cu, each tested against its CPU twin). All work goes to one stream in order; a step's
+// tensors come from a caching pool, so a step after the first of its shape allocates nothing from
+// the driver, and no op uploads, reads back or synchronises: host reads (to_host) are the only
+// synchronisation, and a step can be recorded as a CUDA graph (begin_capture) and replayed.
+// Workspaces an op grows (attention plans, indexer and MoE scratch) grow outside a recording: a
+// step of a new shape runs once eagerly before it is recorded.
 //
 // Where a kernel has a fixed head count (sparse MLA: 16/32/64 heads; indexer: 64 heads) smaller
 // models are padded with zero heads: a zero query head's scores are 0 and its output is dropped;
@@ -50,16 +53,20 @@ class CudaBackend final : public Backend {
   const void* place_weight(const void* host, size_t bytes) override;
   void prepare_experts(MoeWeights& w, float swiglu_limit) override;
   void synchronize() override;
+  bool can_capture() const override { return true; }
+  void begin_capture() override;
+  std::unique_ptr<CapturedWork> end_capture() override;
+  void replay(const CapturedWork& work) override;
 
   Tensor alloc(DType dtype, std::vector<int64_t> shape) override;
   Tensor from_host(DType dtype, std::vector<int64_t> shape, const void* data) override;
   void to_host(const Tensor& t, void* dst) override;
   void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) override;
 
-  Tensor embed(const std::vector<int32_t>& ids, const uint16_t* table, int dim) override;
+  Tensor embed(const Tensor& ids, const uint16_t* table, int dim) override;
   Tensor rms_norm(const Tensor& x, const uint16_t* weight, float eps) override;
   void head_rms_norm(Tensor& x, int head_dim, float eps) override;
-  void rope(Tensor& x, int head_dim, int rope_dim, const std::vector<int32_t>& positions, const RopeTable& table,
+  void rope(Tensor& x, int head_dim, int rope_dim, const Tensor& positions, const RopeTable& table,
             bool inverse) override;
   void fp8_simulate(Tensor& x, int row_width, int channels) override;
   void hadamard_fp4_simulate(Tensor& x, int width) override;
@@ -77,34 +84,29 @@ class CudaBackend final : public Backend {
   Tensor hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps) override;
 
   void grow_pool(EntryPool& pool, int64_t pages) override;
-  void write_entries(const Tensor& values, const std::vector<int64_t>& rows, const std::vector<int64_t>& entries,
-                     EntryPool& pool) override;
-  void copy_entries(const std::vector<int64_t>& src, const std::vector<int64_t>& dst, EntryPool& pool) override;
-  Tensor sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
-                          const std::vector<int64_t>& entry_lists, int list_len, const float* sink, float scale) override;
+  void write_entries(const Tensor& values, const Tensor& entries, EntryPool& pool) override;
+  void copy_entries(const Tensor& src, const Tensor& dst, EntryPool& pool) override;
+  Tensor step_indices(const StepIndexArgs& args) override;
+  Tensor sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool, const Tensor& entry_lists,
+                          const float* sink, float scale) override;
   Tensor indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
-                      const std::vector<int64_t>& key_lists, const std::vector<int32_t>& key_counts, int max_keys,
-                      int k) override;
+                      const KeyTables& keys, int k) override;
 
   Tensor compressor_update(const Tensor& a, const Tensor& g, int64_t row0, int64_t n, int64_t pos0, const float* ape,
                            int ratio, int d, CompressorState& state) override;
   void compressor_state_init(CompressorState& state, int ratio, int d) override;
   Tensor to_bf16(const Tensor& x) override;
 
-  Routing route(const Tensor& x, const MoeWeights& w, const std::vector<int32_t>& token_ids, int k,
-                float route_scale) override;
+  Routing route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) override;
   Tensor moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override;
 
   Tensor logits(const Tensor& h, const uint16_t* head, int vocab) override;
-  std::vector<int32_t> sample(const Tensor& logits, const std::vector<SamplingParams>& params,
-                              const std::vector<uint64_t>& counters) override;
+  Tensor sample(const Tensor& logits, const Tensor& params, const Tensor& counters) override;
 
  private:
-  template <typename T>
-  Tensor upload(DType dtype, const std::vector<T>& v) {
-    return from_host(dtype, {int64_t(v.size())}, v.data());
-  }
-  Tensor upload_ids(const std::vector<int64_t>& ids);  // int64 host ids → I32 device
+  // Memory that outlives steps (cache pools, compressor state): owned, never from the tensor pool,
+  // so no address a recorded step uses as scratch is ever handed to state (DESIGN §3.2).
+  Tensor alloc_state(DType dtype, std::vector<int64_t> shape);
   SparseMlaPlan& attention_plan(int queries, int heads);
   IndexerWorkspace& indexer_workspace(int queries, int keys);
 

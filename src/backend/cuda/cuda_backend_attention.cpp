@@ -11,6 +11,7 @@
 #include "backend/cuda/compressor.h"
 #include "backend/cuda/device_limits.h"
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/step_indices.h"
 #include "backend/cuda/indexer_topk.h"
 #include "backend/cuda/kv_cache.h"
 #include "backend/cuda/sparse_mla_decode.h"
@@ -36,45 +37,44 @@ void copy_heads(void* dst, int dst_heads, const void* src, int src_heads, int64_
 
 void CudaBackend::grow_pool(EntryPool& pool, int64_t pages) {
   if (pages <= pool.pages) return;
-  Tensor bigger = alloc(DType::U8, {pages * int64_t(page_bytes(pool.kind))});
+  Tensor bigger = alloc_state(DType::U8, {pages * int64_t(page_bytes(pool.kind))});
   DSV4_CUDA_CHECK(cudaMemsetAsync(bigger.data, 0, bigger.nbytes(), stream()));
   if (pool.storage.data)
     DSV4_CUDA_CHECK(cudaMemcpyAsync(bigger.data, pool.storage.data, pool.storage.nbytes(), cudaMemcpyDeviceToDevice,
                                     stream()));
-  pool.storage = std::move(bigger);
+  pool.storage = std::move(bigger);  // the old storage's cudaFree waits for the copy
   pool.pages = pages;
 }
 
-void CudaBackend::write_entries(const Tensor& values, const std::vector<int64_t>& rows,
-                                const std::vector<int64_t>& entries, EntryPool& pool) {
+void CudaBackend::write_entries(const Tensor& values, const Tensor& entries, EntryPool& pool) {
   const int64_t n = values.rows();
-  if (rows.empty() || !n) return;
+  if (!n) return;
+  DSV4_CHECK(entries.numel() == n && entries.dtype == DType::I32, "write_entries: {} entry ids for {} rows", entries.numel(), n);
   const int64_t width = values.numel() / n;
-  // The kernels take one entry id per value row (−1 = not written).
-  std::vector<int64_t> ids(size_t(n), -1);
-  for (size_t i = 0; i < rows.size(); ++i) {
-    DSV4_CHECK(rows[i] >= 0 && rows[i] < n && ids[size_t(rows[i])] == -1, "write_entries: row {} invalid or repeated",
-               rows[i]);
-    DSV4_CHECK(entries[i] >= 0 && entries[i] < pool.pages * kl::kEntriesPerPage, "entry {} outside the pool", entries[i]);
-    ids[size_t(rows[i])] = entries[i];
-  }
-  Tensor d_ids = upload_ids(ids);
   const auto* v = reinterpret_cast<const __nv_bfloat16*>(values.data);
   if (pool.kind == EntryKind::KV) {
     DSV4_CHECK(width == kl::kHeadDim, "KV entries are {} wide, got {}", kl::kHeadDim, width);
-    append_kv_entries(v, d_ids.ptr<int32_t>(), int(n), pool.storage.ptr<uint8_t>(), stream());
+    append_kv_entries(v, entries.ptr<int32_t>(), int(n), pool.storage.ptr<uint8_t>(), stream());
   } else {
     DSV4_CHECK(width == kl::kIndexDim, "indexer keys are {} wide, got {}", kl::kIndexDim, width);
-    append_index_keys_fp4(v, d_ids.ptr<int32_t>(), int(n), pool.storage.ptr<uint8_t>(), stream());
+    append_index_keys_fp4(v, entries.ptr<int32_t>(), int(n), pool.storage.ptr<uint8_t>(), stream());
   }
 }
 
-void CudaBackend::copy_entries(const std::vector<int64_t>& src, const std::vector<int64_t>& dst, EntryPool& pool) {
+void CudaBackend::copy_entries(const Tensor& src, const Tensor& dst, EntryPool& pool) {
   DSV4_CHECK(pool.kind == EntryKind::KV, "copy_entries: KV pools only");
-  DSV4_CHECK(src.size() == dst.size(), "copy_entries: {} sources, {} destinations", src.size(), dst.size());
-  if (src.empty()) return;
-  Tensor s = upload_ids(src), d = upload_ids(dst);
-  copy_kv_entries(s.ptr<int32_t>(), d.ptr<int32_t>(), int(src.size()), pool.storage.ptr<uint8_t>(), stream());
+  DSV4_CHECK(src.numel() == dst.numel(), "copy_entries: {} sources, {} destinations", src.numel(), dst.numel());
+  if (!src.data || !src.numel()) return;
+  copy_kv_entries(src.ptr<int32_t>(), dst.ptr<int32_t>(), int(src.numel()), pool.storage.ptr<uint8_t>(), stream());
+}
+
+Tensor CudaBackend::step_indices(const StepIndexArgs& args) {
+  const cpu::StepIndexArrays a = cpu::step_index_arrays(args);
+  const int64_t size = cpu::step_indices_size(a);
+  Tensor out = alloc(DType::I32, {size});
+  cuda::step_indices(a, size, out.ptr<int32_t>(), stream());
+  if (args.kind == StepIndexKind::AttentionLists) out.shape = {a.rows, a.window_size + a.count};
+  return out;
 }
 
 SparseMlaPlan& CudaBackend::attention_plan(int queries, int heads) {
@@ -109,14 +109,14 @@ SparseMlaPlan& CudaBackend::attention_plan(int queries, int heads) {
 }
 
 Tensor CudaBackend::sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
-                                     const std::vector<int64_t>& entry_lists, int list_len, const float* sink,
-                                     float scale) {
+                                     const Tensor& entry_lists, const float* sink, float scale) {
   DSV4_CHECK(head_dim == kl::kHeadDim, "sparse_attention: head_dim {}", head_dim);
   const int64_t T = q.rows();
   Tensor out = alloc(DType::BF16, {T, n_heads, head_dim});
   if (!T) return out;
-  DSV4_CHECK(int64_t(entry_lists.size()) == T * list_len, "sparse_attention: {} list entries for {} × {}",
-             entry_lists.size(), T, list_len);
+  DSV4_CHECK(entry_lists.rows() == T && entry_lists.shape.size() == 2 && entry_lists.dtype == DType::I32,
+             "sparse_attention: lists of {} rows for {} queries", entry_lists.rows(), T);
+  const int list_len = int(entry_lists.shape[1]);
   const int heads = n_heads <= 16 ? 16 : n_heads <= 32 ? 32 : 64;
   DSV4_CHECK(n_heads <= 64, "sparse_attention: {} heads per rank (at most 64)", n_heads);
   const size_t head_bytes = size_t(head_dim) * 2;
@@ -132,13 +132,12 @@ Tensor CudaBackend::sparse_attention(const Tensor& q, int n_heads, int head_dim,
     DSV4_CUDA_CHECK(cudaMemcpyAsync(sinkp.data, sink, size_t(n_heads) * 4, cudaMemcpyDeviceToDevice, stream()));
     sink_used = sinkp.ptr<float>();
   }
-  Tensor lists = upload_ids(entry_lists);
   SparseMlaPlan& plan = attention_plan(int(T), heads);
   plan.compute(nullptr, int(T), list_len, stream());
   SparseMlaArgs a;
   a.q = reinterpret_cast<const __nv_bfloat16*>(qp.data);
   a.window_pool = a.compressed_pool = kv_pool.storage.ptr<uint8_t>();
-  a.lists = lists.ptr<int32_t>();
+  a.lists = entry_lists.ptr<int32_t>();
   a.list_stride = list_len;
   a.window_len = std::min(list_len, 128);
   a.sink = sink_used;
@@ -161,29 +160,15 @@ IndexerWorkspace& CudaBackend::indexer_workspace(int queries, int keys) {
 }
 
 Tensor CudaBackend::indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
-                                 const std::vector<int64_t>& key_lists, const std::vector<int32_t>& key_counts,
-                                 int max_keys, int k) {
+                                 const KeyTables& keys, int k) {
   constexpr int d = kl::kIndexDim;
   const int64_t T = q.rows();
   Tensor out = alloc(DType::I32, {T, k});
   if (!T) return out;
   DSV4_CHECK(n_heads <= kIndexerHeads, "indexer: {} heads (the kernel has {})", n_heads, kIndexerHeads);
   DSV4_CHECK(k <= kIndexerMaxTopk, "indexer: top-{} (at most {})", k, kIndexerMaxTopk);
-  // Per-query block tables from the key lists: key j of query t is entry key_lists[t, j], and the
-  // lists are block-table walks (entry j = page[j / 64] · 64 + j % 64).
-  const int pages_stride = std::max(1, (max_keys + kl::kEntriesPerPage - 1) / kl::kEntriesPerPage);
-  std::vector<int32_t> tables(size_t(T) * size_t(pages_stride), 0);
-  std::vector<int32_t> query_seq(static_cast<size_t>(T));
-  for (int64_t t = 0; t < T; ++t) {
-    query_seq[size_t(t)] = int32_t(t);
-    for (int j = 0; j < key_counts[size_t(t)]; ++j) {
-      const int64_t e = key_lists[size_t(t * max_keys + j)];
-      DSV4_CHECK(e >= 0 && e % kl::kEntriesPerPage == j % kl::kEntriesPerPage,
-                 "indexer: key {} of query {} is entry {}, not a block-table walk", j, t, e);
-      if (j % kl::kEntriesPerPage == 0) tables[size_t(t * pages_stride + j / kl::kEntriesPerPage)] = int32_t(e / kl::kEntriesPerPage);
-    }
-  }
-  Tensor d_tables = upload(DType::I32, tables), d_seq = upload(DType::I32, query_seq), d_counts = upload(DType::I32, key_counts);
+  DSV4_CHECK(keys.query_span.numel() == T && keys.counts.numel() == T && keys.pages.shape.size() == 2,
+             "indexer: key tables for {} queries", T);
   Tensor qp = q, wp = head_weights;
   if (n_heads != kIndexerHeads) {
     qp = alloc(DType::BF16, {T, kIndexerHeads, d});
@@ -197,12 +182,12 @@ Tensor CudaBackend::indexer_topk(const Tensor& q, const Tensor& head_weights, in
   a.q = reinterpret_cast<const __nv_bfloat16*>(qp.data);
   a.weights = reinterpret_cast<const __nv_bfloat16*>(wp.data);
   a.key_pool = key_pool.storage.ptr<uint8_t>();
-  a.block_table = d_tables.ptr<int32_t>();
-  a.pages_stride = pages_stride;
-  a.query_seq = d_seq.ptr<int32_t>();
-  a.key_counts = d_counts.ptr<int32_t>();
+  a.block_table = keys.pages.ptr<int32_t>();
+  a.pages_stride = int(keys.pages.shape[1]);
+  a.query_seq = keys.query_span.ptr<int32_t>();
+  a.key_counts = keys.counts.ptr<int32_t>();
   a.num_queries = int(T);
-  a.max_keys = std::max(max_keys, 1);
+  a.max_keys = std::max(keys.max_keys, 1);
   a.k = k;
   a.topk = out.ptr<int32_t>();
   cuda::indexer_topk(indexer_workspace(int(T), a.max_keys), a, stream());
@@ -211,8 +196,8 @@ Tensor CudaBackend::indexer_topk(const Tensor& q, const Tensor& head_weights, in
 
 void CudaBackend::compressor_state_init(CompressorState& state, int ratio, int d) {
   const int coff = ratio == 4 ? 2 : 1;
-  state.kv = alloc(DType::F32, {coff * ratio, coff * d});
-  state.score = alloc(DType::F32, {coff * ratio, coff * d});
+  state.kv = alloc_state(DType::F32, {coff * ratio, coff * d});
+  state.score = alloc_state(DType::F32, {coff * ratio, coff * d});
   cuda::compressor_state_init(state.kv.ptr<float>(), state.score.ptr<float>(), ratio, d, stream());
 }
 

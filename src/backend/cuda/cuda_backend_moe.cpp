@@ -61,17 +61,15 @@ MoeWorkspace& CudaBackend::moe_workspace(const MoeFp4Shape& shape, int tokens, i
   return *ws;
 }
 
-Routing CudaBackend::route(const Tensor& x, const MoeWeights& w, const std::vector<int32_t>& token_ids, int k,
-                           float route_scale) {
+Routing CudaBackend::route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) {
   const int64_t T = x.rows();
   const int E = int(w.experts.size());
   const int D = int(x.numel() / std::max<int64_t>(T, 1));
   Tensor logits = linear_f32(x, w.gate, E, D);
   Routing r{alloc(DType::I32, {T, k}), alloc(DType::F32, {T, k})};
   if (!T) return r;
-  Tensor ids;
-  if (w.hash_table) ids = upload(DType::I32, token_ids);
-  route_topk(logits.ptr<float>(), w.bias, w.hash_table, w.hash_table ? ids.ptr<int32_t>() : nullptr, T, E, k, route_scale,
+  DSV4_CHECK(!w.hash_table || token_ids.numel() == T, "route: {} token ids for {} rows", token_ids.numel(), T);
+  route_topk(logits.ptr<float>(), w.bias, w.hash_table, w.hash_table ? token_ids.ptr<int32_t>() : nullptr, T, E, k, route_scale,
              r.ids.ptr<int32_t>(), r.weights.ptr<float>(), stream());
   return r;
 }

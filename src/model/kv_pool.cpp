@@ -1,4 +1,4 @@
-#include "runtime/kv_pool.h"
+#include "model/kv_pool.h"
 
 #include <algorithm>
 

@@ -1,0 +1,75 @@
+// The host's part of a step, all of it done before the step runs (DESIGN §3.2): the batch's rows
+// and spans, the cache pages every layer will write reserved in advance, and one descriptor —
+// uploaded once — holding everything the step's ops index by (token ids, positions, spans, block
+// tables, sampling parameters). The step itself reads only the descriptor and what step_indices
+// derives from it, so it never waits for the host and can be recorded once and replayed. The
+// scheduler speaks the same language: a step is a set of spans with pages already reserved.
+#pragma once
+#include <cstdint>
+#include <vector>
+
+#include "backend/backend.h"
+#include "model/kv_pool.h"
+
+namespace dsv4 {
+
+// What a step is asked to do, before planning.
+struct PlanRequest {
+  struct Span {
+    std::vector<int32_t> tokens;
+    int64_t pos0 = 0;
+    std::vector<LayerState*> states;  // this sequence's state in each planned layer
+  };
+  struct Layer {
+    int ratio = 0;  // 0 (SWA), 4 (CSA) or 128 (HCA)
+    LayerCaches* caches = nullptr;
+  };
+  std::vector<Span> spans;
+  std::vector<Layer> layers;       // the layers the step runs, in order
+  std::vector<int32_t> head_rows;  // rows whose final streams go through the head
+  // Rows of the head's output to sample from, with their parameters and draw counters.
+  std::vector<int32_t> sample_rows;
+  std::vector<SamplingParams> sample_params;
+  std::vector<uint64_t> sample_counters;
+  int hc_mult = 1, window = 0, index_topk = 0;
+};
+
+// One planned layer: device views of its block tables and the sizes the host knows.
+struct LayerPlan {
+  int ratio = 0;
+  Tensor window, compressed, keys;  // I32 [S, width]: ring pages, compressed-entry pages, indexer-key pages
+  Tensor scratch;                   // I32 [pages]: where the step's new entries go before the ring update
+  int64_t completed = 0;            // compressed entries (and, CSA, indexer keys) the step completes
+  int64_t comp_len = 0;             // compressed part of the attention lists
+  int max_keys = 0;                 // most indexer keys a row sees
+  std::vector<int32_t> scratch_pages;  // host copy, returned to the pool by release_step_plan
+  LayerCaches* caches = nullptr;
+  std::vector<LayerState*> states;     // per span (the compressors' running state lives there)
+};
+
+struct StepPlan {
+  struct Span {
+    int64_t row0 = 0, n = 0, pos0 = 0;
+  };
+  std::vector<Span> spans;
+  int64_t rows = 0;
+  Tensor descriptor;       // the one upload; every Tensor below is a view of it
+  StepTables tables;       // spans, row → span, positions
+  Tensor tokens;           // I32 [T]
+  Tensor stream_tokens;    // I32 [T · hc]: the token of each hyper-connection stream row
+  Tensor head_rows;        // I32 [P]
+  Tensor sample_rows;      // I32 [R]
+  bool sample_all_rows = false;  // sample_rows is 0..P−1: the head's output is sampled as it is
+  Tensor sample_params;    // SamplingParams [R] as bytes
+  Tensor sample_counters;  // U64 [R] as bytes
+  std::vector<LayerPlan> layers;
+};
+
+// Reserves the pages the step will write (advancing each state's entry counts) and uploads the
+// descriptor.
+StepPlan build_step_plan(Backend& backend, const PlanRequest& request);
+// Returns the step's scratch pages; call once the step's work is enqueued (pages are reused only
+// by later work on the same stream).
+void release_step_plan(StepPlan& plan);
+
+}  // namespace dsv4
