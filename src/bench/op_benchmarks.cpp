@@ -7,9 +7,10 @@ namespace dsv4::bench {
 
 void run_op_benchmark(const std::string& op) {
   if (op == "moe") return bench_moe();
+  if (op == "moe-repack") return bench_moe_repack();
   if (op == "attention") return bench_attention();
   if (op == "indexer") return bench_indexer();
-  fail("bench-ops: unknown op '{}' (expected moe, attention or indexer)", op);
+  fail("bench-ops: unknown op '{}' (expected moe, moe-repack, attention or indexer)", op);
 }
 
 }  // namespace dsv4::bench

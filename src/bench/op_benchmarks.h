@@ -10,6 +10,7 @@ void run_op_benchmark(const std::string& op);
 
 // Implemented in src/bench/*_bench.cu (compiled into the CUDA backend library).
 void bench_moe();
+void bench_moe_repack();
 void bench_attention();
 void bench_indexer();
 

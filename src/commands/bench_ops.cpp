@@ -12,7 +12,7 @@ namespace dsv4::commands {
 void add_bench_ops_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench-ops", "Benchmark GPU kernels (markdown tables on stdout)");
   auto op = std::make_shared<std::string>();
-  cmd->add_option("op", *op, "Which op: moe | attention | indexer")->required();
+  cmd->add_option("op", *op, "Which op: moe | moe-repack | attention | indexer")->required();
   cmd->footer(
       "Each table times CUDA-graph replays over rotating weights/caches and reports % of the\n"
       "device-to-device copy bandwidth measured in the same run. Environment variables narrow a run:\n"
@@ -20,6 +20,7 @@ void add_bench_ops_command(CLI::App& app) {
       "             DSV4_MOE_BENCH_PATH=decode,batched  kernel paths instead of the dispatcher's choice\n"
       "                                                 (stream, decode, batched, w4a8)\n"
       "             DSV4_MOE_BENCH_FORMAT=mxfp4|nvfp4   one expert format (default both)\n"
+      "  moe-repack: the load-time repack of one Flash layer, GPU vs CPU (DSV4_MOE_BENCH_FORMAT too)\n"
       "  attention: DSV4_ATTN_BENCH_SHAPES=1x1,128x2    batch x s_q\n"
       "             DSV4_ATTN_BENCH_VARIANTS=wgmma      substrings of the variant names (fused,\n"
       "                                                 separate, wgmma, unsplit)\n"

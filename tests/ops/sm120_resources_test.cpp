@@ -6,7 +6,8 @@
 //     .nv.local sections: what `cuobjdump --dump-resource-usage` prints, which is checked against
 //     this reader wherever cuobjdump is installed);
 //   - the dynamic shared memory and block sizes come from the dispatchers' own choice functions
-//     (sparse_mla_kernel_launches, moe_fp4_kernel_launches) evaluated for kSm120Limits.
+//     (sparse_mla_kernel_launches, moe_fp4_kernel_launches) evaluated for kSm120Limits, and the
+//     load-time repack's launches (moe_fp4_repack_kernel_launches).
 // A kernel no launch list names is checked with its __launch_bounds__ block, or 1024 threads.
 #include <cxxabi.h>
 #include <gtest/gtest.h>
@@ -24,6 +25,7 @@
 
 #include "backend/cuda/device_limits.h"
 #include "backend/cuda/moe_fp4.h"
+#include "backend/cuda/moe_fp4_repack.h"
 #include "backend/cuda/sparse_mla_decode.h"
 
 namespace dsv4::cuda {
@@ -194,6 +196,7 @@ std::vector<KernelLaunch> sm120_launches() {
       shape.experts = dims[2];
       for (const KernelLaunch& k : moe_fp4_kernel_launches(shape, kSm120Limits)) all.push_back(k);
     }
+  for (const KernelLaunch& k : moe_fp4_repack_kernel_launches()) all.push_back(k);  // at load, any shape
   return all;
 }
 

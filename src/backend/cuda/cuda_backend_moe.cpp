@@ -1,5 +1,6 @@
 // CUDA backend: routing and the MoE (SPEC §3.7). Routed experts in MXFP4 or NVFP4 are repacked at
-// load into the FP4 kernels' layout (moe_fp4.h); the shared expert runs on the FP8 linears.
+// load, on the GPU, into the FP4 kernels' layout (moe_fp4.h, moe_fp4_repack.h); the shared expert
+// runs on the FP8 linears.
 #include <algorithm>
 #include <bit>
 #include <cstdlib>
@@ -7,6 +8,7 @@
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/moe_fp4.h"
+#include "backend/cuda/moe_fp4_repack.h"
 #include "backend/cuda/router.h"
 #include "backend/cuda/row_ops.h"
 #include "backend/cuda/sparse_mla_decode.h"
@@ -34,7 +36,14 @@ void CudaBackend::prepare_experts(MoeWeights& w, float swiglu_limit) {
   std::vector<MoeFp4ExpertTensors> tensors;
   for (const auto& e : w.experts)
     tensors.push_back({e.w1.w, e.w1.scale, e.w3.w, e.w3.scale, e.w2.w, e.w2.scale, e.w1.scale2, e.w3.scale2, e.w2.scale2});
-  w.prepared = std::make_shared<PreparedExperts>(MoeFp4Weights(shape, tensors, stream()));
+  // The on-disk bytes go up as they are (one copy per tensor, through a staging of at most
+  // kMoeRepackStagingBytes that is freed before the next layer) and are repacked on the device.
+  MoeFp4Weights weights = MoeFp4Weights::allocate(shape);
+  const size_t rounded = moe_fp4_repack_device(tensors, weights, stream());
+  if (rounded)
+    log_info("  {}: {} MXFP4 scale groups lie more than 2^14 below their row's largest: rounded to e4m3 in the W4A8 form",
+             w1.name, rounded);
+  w.prepared = std::make_shared<PreparedExperts>(std::move(weights));
   if (!logged_paths_) {
     logged_paths_ = true;
     const bool w4a8 = moe_fp4_path_available(MoeFp4Path::W4A8, shape);

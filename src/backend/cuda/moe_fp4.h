@@ -8,7 +8,8 @@
 // out[t] = bf( Σ_j f32(y_{ids[t][j]}) + f32(shared[t]) ) with y_e as in SPEC §3.7 (bf16-rounded gate
 // and up outputs, clamped SwiGLU, routing weight applied before w2, bf16-rounded expert outputs).
 //
-// The weight layout the kernels read and its load-time repack: backend/moe_fp4_layout.h.
+// The weight layout the kernels read and its load-time repack: backend/moe_fp4_layout.h (the CPU
+// twin, moe_fp4_repack) and moe_fp4_repack.h (the GPU repack the loader runs).
 #pragma once
 #include <cuda_runtime.h>
 
@@ -28,8 +29,10 @@ constexpr int kMoeMaxPassRows = 8;
 // Device copy of a repacked layer.
 class MoeFp4Weights {
  public:
+  // Repacked on the device from the on-disk tensors (moe_fp4_repack_device; waits for the stream).
   MoeFp4Weights(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertTensors>& experts,
                 cudaStream_t stream = nullptr);
+  // A copy of the CPU twin's repack.
   explicit MoeFp4Weights(const MoeFp4Repacked& repacked, cudaStream_t stream = nullptr);
   // Uninitialised device buffers of the right sizes (benchmarks fill them on the device).
   static MoeFp4Weights allocate(const MoeFp4Shape& shape);

@@ -2,6 +2,7 @@
 #include <algorithm>
 
 #include "backend/cuda/moe_fp4.h"
+#include "backend/cuda/moe_fp4_repack.h"
 #include "core/error.h"
 
 namespace dsv4::cuda {
@@ -40,7 +41,9 @@ MoeFp4Weights::MoeFp4Weights(const MoeFp4Repacked& rp, cudaStream_t stream) : Mo
 
 MoeFp4Weights::MoeFp4Weights(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertTensors>& experts,
                              cudaStream_t stream)
-    : MoeFp4Weights(moe_fp4_repack(shape, experts), stream) {}
+    : MoeFp4Weights(allocate(shape)) {
+  moe_fp4_repack_device(experts, *this, stream);
+}
 
 MoeFp4Weights MoeFp4Weights::allocate(const MoeFp4Shape& shape) {
   if (shape.hidden % 128 || shape.inter % 128 || shape.experts <= 0 || shape.experts > 1024)
