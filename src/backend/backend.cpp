@@ -1,31 +1,9 @@
+// Backend's defaults and helpers (no backend implementation is linked from here).
 #include "backend/backend.h"
 
-#include "backend/cpu/cpu_backend.h"
 #include "core/error.h"
-#if DSV4_HAVE_CUDA
-#include <cuda_runtime.h>
-
-#include "backend/cuda/cuda_backend.h"
-#endif
 
 namespace dsv4 {
-
-std::unique_ptr<Backend> make_backend(const std::string& name) {
-  if (name == "cpu") return std::make_unique<CpuBackend>();
-  if (name == "cuda") {
-#if DSV4_HAVE_CUDA
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-      (void)cudaGetLastError();
-      fail("--backend cuda: no CUDA device is visible (use --backend cpu)");
-    }
-    return std::make_unique<cuda::CudaBackend>();
-#else
-    fail("--backend cuda: this build has no CUDA backend (configure with -DDSV4_CUDA=ON on a machine with nvcc)");
-#endif
-  }
-  fail("unknown backend '{}' (cpu or cuda)", name);
-}
 
 void Backend::begin_capture() { fail("the {} backend cannot record work for replay", name()); }
 std::unique_ptr<CapturedWork> Backend::end_capture() { fail("the {} backend cannot record work for replay", name()); }
