@@ -20,9 +20,9 @@ LoadedModel load_model(const std::string& dir, const std::string& backend_name) 
   LoadedModel m;
   m.backend = make_backend(backend_name);
   auto weights = load_model_weights(dir, m.backend.get());
-  log_info("loaded {} ({} tensors, {:.1f} MB) in {:.2f} s", dir, weights->checkpoint->tensors().size(),
-           double(weights->checkpoint->total_bytes()) / 1e6,
-           std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  log_info("loaded {} ({} tensors, {:.1f} MB) in {:.2f} s ({:.2f} GB/s)", dir, weights->tensors_bound,
+           weights->bytes_bound / 1e6, secs, weights->bytes_bound / 1e9 / std::max(secs, 1e-9));
   const std::string& q = weights->config.quant_summary;
   for (size_t pos = 0; pos < q.size();) {
     size_t nl = std::min(q.find('\n', pos), q.size());

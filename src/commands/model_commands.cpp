@@ -45,6 +45,7 @@ void add_backend_option(CLI::App* cmd, std::string& backend) {
 
 void cmd_inspect(const std::string& dir) {
   auto w = load_model_weights(dir);
+  if (!w->checkpoint) fail("inspect reads a checkpoint directory; {} is generated", dir);
   const ModelConfig& c = w->config;
   int64_t params = 0;
   for (auto& [n, t] : w->checkpoint->tensors()) params += t.numel();

@@ -256,7 +256,9 @@ void Dsv4Model::compress(const CompressorWeights& w, const Tensor& x, const Step
   }
   DSV4_CHECK(e == lp.completed, "compressor: {} entries completed, {} planned", e, lp.completed);
   if (!e) return;
-  StepIndexArgs at{StepIndexKind::CompressedPositions, &plan.tables};
+  StepIndexArgs at;
+  at.kind = StepIndexKind::CompressedPositions;
+  at.step = &plan.tables;
   at.compressed = index_keys ? lp.keys : lp.compressed;
   at.ratio = w.ratio;
   at.count = e;
@@ -292,7 +294,8 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
 
   // This step's new entries go to scratch pages first: a query sees the new entries of its own
   // chunk before the ring is updated (a chunk may be longer than the window).
-  StepIndexArgs ix{StepIndexKind::NewEntries, &plan.tables};
+  StepIndexArgs ix;
+  ix.step = &plan.tables;
   ix.window = lp.window;
   ix.compressed = lp.compressed;
   ix.scratch = lp.scratch;

@@ -6,22 +6,23 @@
 
 #include "core/error.h"
 #include "core/log.h"
+#include "model/synthetic.h"
 
 namespace dsv4 {
 
 namespace {
 
-// Looks tensors up by name and checks dtype and shape; remembers what was used.
-// With a backend, every bound tensor is placed in backend memory (Backend::place_weight) as it is
-// bound, and the structs point there; the routed experts keep their host views for
-// Backend::prepare_experts.
+// Looks tensors up by name in a source (a checkpoint, or the synthetic model's generator) and
+// checks dtype and shape; remembers what was used. With a backend, every bound tensor is placed in
+// backend memory (Backend::place_weight) as it is bound, and the structs point there; the routed
+// experts keep their host views for Backend::prepare_experts.
 class TensorBinder {
  public:
-  TensorBinder(const Checkpoint& ckpt, Backend* backend) : ckpt_(ckpt), backend_(backend) {}
+  TensorBinder(TensorSource& src, Backend* backend) : src_(src), backend_(backend) {}
 
   const TensorRef& get(const std::string& name, std::initializer_list<DType> dtypes, std::vector<int64_t> shape) {
-    const TensorRef* t = ckpt_.find(name);
-    if (!t) fail("{}: tensor {} is missing (expected shape {})", ckpt_.dir(), name, shape_str(shape));
+    const TensorRef* t = src_.find(name, *dtypes.begin(), shape);
+    if (!t) fail("{}: tensor {} is missing (expected shape {})", src_.where(), name, shape_str(shape));
     bool ok = false;
     std::string want;
     for (auto d : dtypes) {
@@ -31,15 +32,20 @@ class TensorBinder {
     if (!ok) fail("{}: dtype {} expected, {} found in {}", name, want, dtype_name(t->dtype), t->file);
     if (t->shape != shape)
       fail("{}: shape {} expected, {} found in {}", name, shape_str(shape), shape_str(t->shape), t->file);
-    used_.insert(name);
+    if (used_.insert(name).second) bytes_ += double(t->nbytes);
     return *t;
   }
-  bool has(const std::string& name) const { return ckpt_.has(name); }
+  bool has(const std::string& name) const { return src_.has(name); }
   const void* place(const void* host, size_t bytes) {
     if (!backend_) return host;
     placed_bytes_ += double(bytes);
-    return backend_->place_weight(host, bytes);
+    const void* p = backend_->place_weight(host, bytes);
+    copies_ |= p != host;
+    return p;
   }
+  // The backend keeps its own copies: host bytes bound so far may go once the layer is prepared.
+  bool copies() const { return copies_; }
+  TensorSource& source() { return src_; }
   double placed_bytes() const { return placed_bytes_; }
   void count_expert_bytes(const MoeWeights& m) {
     for (const auto& e : m.experts)
@@ -57,11 +63,13 @@ class TensorBinder {
   float f32_scalar(const std::string& name) { return *get(name, {DType::F32}, {}).as<float>(); }
   Backend* backend() const { return backend_; }
   const std::set<std::string>& used() const { return used_; }
+  double bytes() const { return bytes_; }
 
  private:
-  const Checkpoint& ckpt_;
+  TensorSource& src_;
   Backend* backend_;
-  double placed_bytes_ = 0;
+  bool copies_ = false;
+  double placed_bytes_ = 0, bytes_ = 0;
   std::set<std::string> used_;
 };
 
@@ -185,6 +193,10 @@ BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig
   if (b.backend()) {
     b.backend()->prepare_experts(m, float(c.swiglu_limit));
     b.count_expert_bytes(m);
+    if (b.copies() && b.source().release_bound()) {  // generated host bytes are gone: no dangling views
+      for (auto& e : m.experts)
+        for (LinearWeight* l : {&e.w1, &e.w2, &e.w3}) l->w = l->scale = nullptr;
+    }
   }
   m.shared = {bind_linear(b, p + ".ffn.shared_experts.w1", I, D, lf), bind_linear(b, p + ".ffn.shared_experts.w2", D, I, lf),
               bind_linear(b, p + ".ffn.shared_experts.w3", I, D, lf)};
@@ -193,12 +205,38 @@ BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig
 
 }  // namespace
 
+namespace {
+class CheckpointSource final : public TensorSource {
+ public:
+  explicit CheckpointSource(const Checkpoint& c) : ckpt_(c) {}
+  const TensorRef* find(const std::string& name, DType, const std::vector<int64_t>&) override { return ckpt_.find(name); }
+  bool has(const std::string& name) const override { return ckpt_.has(name); }
+  std::string where() const override { return ckpt_.dir(); }
+
+ private:
+  const Checkpoint& ckpt_;
+};
+}  // namespace
+
 std::unique_ptr<ModelWeights> load_model_weights(const std::string& dir, Backend* backend) {
+  if (dir.rfind("synthetic:", 0) == 0) {
+    std::shared_ptr<SyntheticSource> src = make_synthetic_source(dir);
+    auto w = bind_model_weights(src->config(), *src, backend, nullptr);
+    w->source = src;
+    return w;
+  }
+  auto ckpt = std::make_shared<Checkpoint>(dir);
+  CheckpointSource src(*ckpt);
+  return bind_model_weights(load_model_config(dir), src, backend, ckpt);
+}
+
+std::unique_ptr<ModelWeights> bind_model_weights(const ModelConfig& config, TensorSource& src, Backend* backend,
+                                                 std::shared_ptr<Checkpoint> checkpoint) {
   auto mw = std::make_unique<ModelWeights>();
-  mw->config = load_model_config(dir);
+  mw->config = config;
   const ModelConfig& c = mw->config;
-  mw->checkpoint = std::make_shared<Checkpoint>(dir);
-  TensorBinder b(*mw->checkpoint, backend);
+  mw->checkpoint = std::move(checkpoint);
+  TensorBinder b(src, backend);
   const int D = c.dim, V = c.vocab_size, hc = c.hc_mult;
   mw->embed = b.bf16("embed.weight", {V, D});
   mw->head = b.bf16("head.weight", {V, D});
@@ -224,6 +262,9 @@ std::unique_ptr<ModelWeights> load_model_weights(const std::string& dir, Backend
     progress.update(c.n_layers + m + 1, total, b.placed_bytes());
   }
   progress.done();
+  mw->tensors_bound = b.used().size();
+  mw->bytes_bound = b.bytes();
+  if (!mw->checkpoint) return mw;
   for (auto& [name, t] : mw->checkpoint->tensors()) {
     if (b.used().count(name)) continue;
     // The MTP block's copies of the shared embedding and head (the reference's convert drops them).

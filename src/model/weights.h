@@ -36,6 +36,7 @@ struct MtpWeights {
 struct ModelWeights {
   ModelConfig config;
   std::shared_ptr<Checkpoint> checkpoint;  // keeps the mappings alive
+  std::shared_ptr<void> source;            // keeps a generated model's host bytes alive (where they are the weights)
   const uint16_t* embed = nullptr;         // bf16 [V, D]
   const uint16_t* head = nullptr;          // bf16 [V, D]
   const uint16_t* norm = nullptr;
@@ -43,11 +44,32 @@ struct ModelWeights {
   std::vector<BlockWeights> blocks;
   std::vector<MtpWeights> mtp;
   std::vector<std::string> unused_tensors;  // present in the checkpoint, not used
+  size_t tensors_bound = 0;                 // tensors the model uses, and their bytes as stored
+  double bytes_bound = 0;
+};
+
+// Where the binder finds tensors by name: a checkpoint, or the synthetic model's generator
+// (model/synthetic.h), which makes each tensor as it is asked for.
+class TensorSource {
+ public:
+  virtual ~TensorSource() = default;
+  // The tensor `name`, or nullptr; `dtype` and `shape` are what the binder expects (a generator
+  // makes exactly that; a checkpoint returns what it has and the binder checks it).
+  virtual const TensorRef* find(const std::string& name, DType dtype, const std::vector<int64_t>& shape) = 0;
+  virtual bool has(const std::string& name) const = 0;
+  virtual std::string where() const = 0;  // for messages
+  // Frees the host bytes of the tensors returned so far (the backend holds its own copies); true
+  // when it did (a checkpoint's mapping stays).
+  virtual bool release_bound() { return false; }
 };
 
 // Loads config + checkpoint from DIR and builds the structs; throws Error on any mismatch. With a
 // backend, the weights are placed in its memory as they are bound and the routed experts prepared
 // (the structs then point into backend memory); without one they are views into the mapping.
+// DIR "synthetic:NAME[,key=value...]" is a random-weight model of that shape (model/synthetic.h).
 std::unique_ptr<ModelWeights> load_model_weights(const std::string& dir, Backend* backend = nullptr);
+// The binding itself, from any source.
+std::unique_ptr<ModelWeights> bind_model_weights(const ModelConfig& config, TensorSource& src, Backend* backend,
+                                                 std::shared_ptr<Checkpoint> checkpoint);
 
 }  // namespace dsv4

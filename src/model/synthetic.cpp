@@ -1,0 +1,244 @@
+#include "model/synthetic.h"
+
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "core/dtypes.h"
+#include "core/error.h"
+#include "core/thread_pool.h"
+
+namespace dsv4 {
+
+using json = nlohmann::json;
+
+namespace {
+
+json base_config() {
+  return json{
+      {"architectures", {"DeepseekV4ForCausalLM"}}, {"model_type", "deepseek_v4"}, {"attention_bias", false},
+      {"attention_dropout", 0.0}, {"bos_token_id", 0}, {"eos_token_id", 1}, {"expert_dtype", "fp4"}, {"hc_eps", 1e-6},
+      {"hc_mult", 4}, {"hc_sinkhorn_iters", 20}, {"head_dim", 512}, {"hidden_act", "silu"}, {"index_head_dim", 128},
+      {"initializer_range", 0.02}, {"max_position_embeddings", 1048576}, {"n_shared_experts", 1},
+      {"norm_topk_prob", true}, {"num_experts_per_tok", 6}, {"num_key_value_heads", 1}, {"num_nextn_predict_layers", 1},
+      {"qk_rope_head_dim", 64},
+      {"quantization_config",
+       {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"}, {"scale_fmt", "ue8m0"},
+        {"weight_block_size", {128, 128}}}},
+      {"rms_norm_eps", 1e-6},
+      {"rope_scaling", {{"beta_fast", 32}, {"beta_slow", 1}, {"factor", 16}, {"original_max_position_embeddings", 65536}, {"type", "yarn"}}},
+      {"rope_theta", 10000}, {"scoring_func", "sqrtsoftplus"}, {"sliding_window", 128}, {"swiglu_limit", 10.0},
+      {"tie_word_embeddings", false}, {"topk_method", "noaux_tc"}, {"torch_dtype", "bfloat16"},
+      {"transformers_version", "4.57.1"}, {"use_cache", true}, {"vocab_size", 129280}, {"compress_rope_theta", 160000}};
+}
+
+// SPEC §1.1 (Flash) and §1.2: layers 0, 1 SWA, then CSA / HCA alternating, the last main layer CSA.
+json flash_config() {
+  json c = base_config();
+  const json flash = {{"hidden_size", 4096}, {"num_hidden_layers", 43}, {"num_attention_heads", 64},
+                           {"q_lora_rank", 1024}, {"o_groups", 8}, {"o_lora_rank", 1024}, {"index_n_heads", 64},
+                           {"index_topk", 512}, {"n_routed_experts", 256}, {"moe_intermediate_size", 2048},
+                           {"routed_scaling_factor", 1.5}, {"num_hash_layers", 3}};
+  for (auto& [k, v] : flash.items()) c[k] = v;
+  std::vector<int> ratios = {0, 0};
+  for (int l = 2; l < 43; ++l) ratios.push_back(l % 2 == 0 ? 4 : 128);
+  ratios.push_back(0);  // MTP
+  c["compress_ratios"] = ratios;
+  return c;
+}
+
+// The fixtures' shape (tiny-a, make-tiny's default).
+json tiny_config() {
+  json c = base_config();
+  const json tiny = {{"hidden_size", 128}, {"num_hidden_layers", 5}, {"num_attention_heads", 4}, {"q_lora_rank", 128},
+                           {"o_groups", 2}, {"o_lora_rank", 128}, {"index_n_heads", 4}, {"index_topk", 16},
+                           {"n_routed_experts", 8}, {"moe_intermediate_size", 256}, {"routed_scaling_factor", 1.5},
+                           {"num_hash_layers", 2}, {"compress_ratios", {0, 4, 128, 4, 128, 0}}};
+  for (auto& [k, v] : tiny.items()) c[k] = v;
+  return c;
+}
+
+bool ends_with(const std::string& s, const std::string& t) { return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0; }
+
+// splitmix64: a counter-based generator, so tensors fill in parallel chunks reproducibly.
+inline uint64_t mix(uint64_t z) {
+  z += 0x9e3779b97f4a7c15ull;
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+// Uniform in [-1, 1) from 24 bits.
+inline float unit(uint64_t r) { return float(int32_t(r & 0xffffff) - 0x800000) / float(0x800000); }
+
+int64_t count(const std::vector<int64_t>& shape) {
+  int64_t n = 1;
+  for (auto d : shape) n *= d;
+  return n;
+}
+}  // namespace
+
+SyntheticSource::SyntheticSource(const std::string& spec) : spec_(spec) {
+  std::string rest = spec.substr(std::string("synthetic:").size());
+  std::vector<std::string> parts;
+  for (size_t i = 0; i <= rest.size();) {
+    size_t j = rest.find(',', i);
+    if (j == std::string::npos) j = rest.size();
+    parts.push_back(rest.substr(i, j - i));
+    i = j + 1;
+  }
+  json cfg;
+  if (parts[0] == "flash") cfg = flash_config();
+  else if (parts[0] == "tiny") cfg = tiny_config();
+  else fail("{}: unknown synthetic model '{}' (flash or tiny)", spec, parts[0]);
+  for (size_t i = 1; i < parts.size(); ++i) {
+    const size_t eq = parts[i].find('=');
+    if (eq == std::string::npos || eq == 0) fail("{}: '{}' is not key=value", spec, parts[i]);
+    const std::string key = parts[i].substr(0, eq), value = parts[i].substr(eq + 1);
+    if (key == "layers") {
+      int n = 0;
+      try {
+        n = std::stoi(value);
+      } catch (const std::exception&) {
+        n = 0;
+      }
+      const int have = cfg["num_hidden_layers"].get<int>();
+      if (n < 1 || n > have) fail("{}: layers={} (1..{})", spec, value, have);
+      std::vector<int> r = cfg["compress_ratios"].get<std::vector<int>>();
+      std::vector<int> kept(r.begin(), r.begin() + n);
+      kept.push_back(r.back());  // the MTP layer
+      cfg["compress_ratios"] = kept;
+      cfg["num_hidden_layers"] = n;
+      cfg["num_hash_layers"] = std::min(n, cfg["num_hash_layers"].get<int>());
+    } else if (key == "experts") {
+      if (value == "nvfp4") {
+        cfg["quantization_config"]["quant_algo"] = "MIXED_PRECISION";
+        cfg["quantization_config"]["moe_quant_algo"] = "NVFP4";
+        cfg["quantization_config"]["group_size"] = 16;
+      } else if (value != "mxfp4") {
+        fail("{}: experts={} (mxfp4 or nvfp4)", spec, value);
+      }
+    } else if (key == "seed") {
+      try {
+        seed_ = std::stoull(value);
+      } catch (const std::exception&) {
+        fail("{}: seed={} is not a number", spec, value);
+      }
+    } else {
+      if (!cfg.contains(key)) fail("{}: unknown option or config field '{}' (layers, experts, seed, or SPEC §1.1 names)", spec, key);
+      try {
+        cfg[key] = json::parse(value);
+      } catch (const json::exception&) {
+        cfg[key] = value;
+      }
+    }
+  }
+  config_ = parse_model_config(cfg.dump(), "", spec);
+}
+
+bool SyntheticSource::has(const std::string& name) const {
+  return !ends_with(name, ".input_scale");  // the optional NVFP4 static activation scale
+}
+
+bool SyntheticSource::release_bound() {
+  refs_.clear();
+  bytes_.clear();
+  return true;
+}
+
+const TensorRef* SyntheticSource::find(const std::string& name, DType dtype, const std::vector<int64_t>& shape) {
+  const int64_t n = count(shape);
+  std::vector<uint8_t>& b = bytes_.emplace_back(size_t(n) * dtype_size(dtype));
+  const uint64_t stream = mix(seed_ * 0x100000001b3ull + ++counter_);
+  const int64_t fan_in = shape.size() >= 2 ? shape[1] : 1;
+  // Fills element i from its own random number, in parallel chunks.
+  auto fill = [&](auto&& value_of) {
+    parallel_for(n, [&](int64_t i0, int64_t i1) {
+      for (int64_t i = i0; i < i1; ++i) value_of(i, mix(stream ^ uint64_t(i) * 0xd1342543de82ef95ull));
+    });
+  };
+  auto code_e8m0 = [](float v) { return uint8_t(std::clamp(127 + int(std::lround(std::log2(v))), 1, 254)); };
+  const bool norm = ends_with(name, "norm.weight");
+  switch (dtype) {
+    case DType::BF16: {
+      // Norm weights ~1; the embedding ~1 (the reference's scale); matrices ~1/sqrt(fan-in).
+      const float amp = norm ? 0.1f : name == "embed.weight" ? std::sqrt(3.0f) : std::sqrt(3.0f / float(fan_in));
+      const float mean = norm ? 1.0f : 0.0f;
+      auto* p = reinterpret_cast<uint16_t*>(b.data());
+      fill([&](int64_t i, uint64_t r) { p[i] = f32_to_bf16(mean + amp * unit(r)); });
+      break;
+    }
+    case DType::F32: {
+      float amp = 0.01f, mean = 0;
+      if (ends_with(name, "_base")) amp = 0.5f;
+      else if (ends_with(name, "_scale")) amp = 0.1f, mean = 1;
+      else if (ends_with(name, "attn_sink")) amp = 1;
+      else if (ends_with(name, ".ape")) amp = 0.1f;
+      else if (ends_with(name, "weight_scale_2")) amp = 0, mean = 1.0f / 64;
+      auto* p = reinterpret_cast<float*>(b.data());
+      fill([&](int64_t i, uint64_t r) { p[i] = mean + amp * unit(r); });
+      break;
+    }
+    case DType::F8_E4M3: {
+      auto* p = b.data();
+      if (ends_with(name, ".weight_scale")) {  // NVFP4 block scales: with weight_scale_2 = 1/64, ~1/(3·sqrt(fan-in))
+        const uint8_t c = f32_to_e4m3(64.0f / (3.0f * std::sqrt(float(fan_in * 16))));
+        std::memset(p, c, b.size());
+      } else {  // FP8 weights: magnitudes 2^-2 .. 2^1.9, random signs and mantissas (rms ~1.3)
+        fill([&](int64_t i, uint64_t r) { p[i] = uint8_t((r & 0x87) | (((r >> 3) & 3) + 5) << 3); });
+      }
+      break;
+    }
+    case DType::F8_E8M0: {
+      // FP8 block scales (fan-in = blocks · 128) put weights at ~1/sqrt(fan-in); MXFP4 scales (per
+      // 32) put e2m1 values (rms ~2.9) there too.
+      const bool fp4 = name.find(".experts.") != std::string::npos;
+      const float in = float(fan_in * (fp4 ? 32 : 128));
+      std::memset(b.data(), code_e8m0(1.0f / ((fp4 ? 2.9f : 1.3f) * std::sqrt(in))), b.size());
+      break;
+    }
+    case DType::I8:
+    case DType::U8: {  // packed e2m1 pairs: every code
+      auto* p = b.data();
+      fill([&](int64_t i, uint64_t r) { p[i] = uint8_t(r); });
+      break;
+    }
+    case DType::I32: {  // tid2eid: distinct experts per token
+      DSV4_CHECK(shape.size() == 2, "{}: synthetic I32 tensors are hash tables", name);
+      const int E = config_.n_routed_experts, k = int(shape[1]);
+      auto* p = reinterpret_cast<int32_t*>(b.data());
+      parallel_for(shape[0], [&](int64_t t0, int64_t t1) {
+        for (int64_t t = t0; t < t1; ++t) {
+          uint64_t r = mix(stream ^ uint64_t(t));
+          for (int j = 0; j < k; ++j) {
+            int32_t e;
+            do {
+              r = mix(r);
+              e = int32_t(r % uint64_t(E));
+            } while (std::find(p + t * k, p + t * k + j, e) != p + t * k + j);
+            p[t * k + j] = e;
+          }
+        }
+      });
+      break;
+    }
+    default:
+      fail("{}: no synthetic values for dtype {}", name, dtype_name(dtype));
+  }
+  TensorRef& t = refs_.emplace_back();
+  t.name = name;
+  t.dtype = dtype;
+  t.shape = shape;
+  t.data = b.data();
+  t.nbytes = b.size();
+  t.file = spec_;
+  return &t;
+}
+
+std::unique_ptr<SyntheticSource> make_synthetic_source(const std::string& spec) {
+  return std::make_unique<SyntheticSource>(spec);
+}
+
+}  // namespace dsv4
