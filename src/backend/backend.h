@@ -141,6 +141,14 @@ class Backend {
   // algorithm exactly, so every backend picks the same tokens.
   virtual std::vector<int32_t> sample(const Tensor& logits, const std::vector<SamplingParams>& params,
                                       const std::vector<uint64_t>& counters) = 0;
+  // Penalties on f32 logits [rows, V] in place: row r's listed tokens (tokens[r], may be null or
+  // empty: the row is left as it is) through sampling::penalized_logit with params[r]. Exact: the
+  // same bits on every backend, so penalised sampling picks the same tokens everywhere.
+  virtual void apply_penalties(Tensor& logits, const std::vector<PenaltyParams>& params,
+                               const std::vector<const PenaltyTokens*>& tokens) = 0;
+  // Per row of f32 logits [rows, V]: the logprob of chosen[r] and of the row's top_n tokens
+  // (cpu/sampling_reference.h: logprobs_reference; agreement to rounding). top_n ≤ 32.
+  virtual std::vector<TokenLogprobs> logprobs(const Tensor& logits, const std::vector<int32_t>& chosen, int top_n) = 0;
 };
 
 std::unique_ptr<Backend> make_backend(const std::string& name);  // "cpu" | "cuda"

@@ -158,9 +158,45 @@ StepOutput Dsv4Model::step(const std::vector<BatchItem>& batch) {
   if (!params.empty()) {
     Tensor last = backend_.alloc(DType::F32, {int64_t(params.size()), c.vocab_size});
     for (size_t j = 0; j < sample_rows.size(); ++j) backend_.copy_rows(logits, sample_rows[j], last, int64_t(j), 1);
+    std::vector<const BatchItem*> sampled;
+    for (const BatchItem& b : batch)
+      if (b.sampling) sampled.push_back(&b);
+    // Logprobs are of the raw rows (vLLM's default), so penalties rewrite `last` only after the
+    // rows that need logprobs have been copied out.
+    std::vector<int64_t> logprob_rows;
+    int top_n = 0;
+    for (size_t j = 0; j < sampled.size(); ++j)
+      if (sampled[j]->logprobs >= 0) logprob_rows.push_back(int64_t(j)), top_n = std::max(top_n, sampled[j]->logprobs);
+    Tensor raw;
+    if (!logprob_rows.empty()) {
+      raw = backend_.alloc(DType::F32, {int64_t(logprob_rows.size()), c.vocab_size});
+      for (size_t k = 0; k < logprob_rows.size(); ++k) backend_.copy_rows(last, logprob_rows[k], raw, int64_t(k), 1);
+    }
+    if (std::any_of(sampled.begin(), sampled.end(), [](const BatchItem* b) { return b->penalty_tokens != nullptr; })) {
+      std::vector<PenaltyParams> penalties;
+      std::vector<const PenaltyTokens*> penalty_tokens;
+      for (const BatchItem* b : sampled) penalties.push_back(b->penalties), penalty_tokens.push_back(b->penalty_tokens);
+      backend_.apply_penalties(last, penalties, penalty_tokens);
+    }
     std::vector<int32_t> picked = backend_.sample(last, params, counters);
     for (size_t i = 0, j = 0; i < batch.size(); ++i)
       if (batch[i].sampling) out.tokens[i] = picked[j++];
+    if (!logprob_rows.empty()) {
+      std::vector<int32_t> chosen;
+      for (int64_t j : logprob_rows) chosen.push_back(picked[size_t(j)]);
+      std::vector<TokenLogprobs> lp = backend_.logprobs(raw, chosen, top_n);
+      out.logprobs.assign(batch.size(), std::nullopt);
+      std::vector<size_t> item_of_sampled;
+      for (size_t i = 0; i < batch.size(); ++i)
+        if (batch[i].sampling) item_of_sampled.push_back(i);
+      for (size_t k = 0; k < logprob_rows.size(); ++k) {
+        TokenLogprobs& t = lp[k];
+        const size_t n = size_t(sampled[size_t(logprob_rows[k])]->logprobs);  // this row's own top count
+        t.top_ids.resize(std::min(n, t.top_ids.size()));
+        t.top.resize(t.top_ids.size());
+        out.logprobs[item_of_sampled[size_t(logprob_rows[k])]] = std::move(t);
+      }
+    }
   }
   if (std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.return_logits; })) {
     out.logits.resize(size_t(logits.numel()));

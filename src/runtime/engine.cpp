@@ -169,6 +169,7 @@ void Engine::publish(const std::shared_ptr<Entry>& e) {
     Event ev;
     ev.token = seq.generated[e->emitted];
     ev.is_stop_token = seq.finished() && seq.stop_token >= 0 && e->emitted + 1 == seq.generated.size();
+    if (e->emitted < seq.generated_logprobs.size()) ev.logprobs = std::move(e->seq->generated_logprobs[e->emitted]);
     e->stream->push(std::move(ev));
   }
   if (!seq.finished()) return;

@@ -182,6 +182,52 @@ describe('dsv4 serve with the openai client', () => {
     assert.deepEqual(usage, many.usage);
   });
 
+  test('logprobs: chat logprobs + top_logprobs, completions logprobs N, streamed the same; greedy picks the top token', async () => {
+    const chat = await greedyChat({ max_tokens: 4, logprobs: true, top_logprobs: 3 });
+    const content = chat.choices[0].logprobs.content;
+    assert.equal(content.length, 4, 'one entry per generated token');
+    for (const t of content) {
+      assert.ok(t.logprob <= 0);
+      assert.equal(t.top_logprobs.length, 3);
+      assert.equal(t.top_logprobs[0].logprob, t.logprob, 'greedy: the chosen token is the most likely');
+      assert.deepEqual(t.top_logprobs[0].bytes, t.bytes);
+      for (let k = 1; k < 3; ++k) assert.ok(t.top_logprobs[k].logprob <= t.top_logprobs[k - 1].logprob);
+    }
+    const streamed = [];
+    for await (const chunk of await greedyChat({ max_tokens: 4, logprobs: true, top_logprobs: 3, stream: true })) {
+      streamed.push(...(chunk.choices[0]?.logprobs?.content ?? []));
+    }
+    assert.deepEqual(streamed, content);
+    const plain = await greedyChat({ max_tokens: 4 });
+    assert.equal(plain.choices[0].logprobs, null, 'no logprobs unless asked');
+
+    const completion = await openai.completions.create({ model: 'tiny', prompt: 'The sky is', max_tokens: 5, temperature: 0, logprobs: 2 });
+    const lp = completion.choices[0].logprobs;
+    assert.equal(lp.tokens.length, 5);
+    assert.equal(lp.tokens.join(''), completion.choices[0].text);
+    assert.equal(lp.text_offset[0], 0);
+    for (let i = 0; i < 5; ++i) {
+      assert.ok(lp.token_logprobs[i] <= 0);
+      assert.ok(Object.keys(lp.top_logprobs[i]).length >= 1 && Object.keys(lp.top_logprobs[i]).length <= 2);
+      assert.equal(Math.max(...Object.values(lp.top_logprobs[i])), lp.token_logprobs[i]);
+      if (i) assert.equal(lp.text_offset[i], lp.text_offset[i - 1] + Buffer.byteLength(lp.tokens[i - 1]));
+    }
+    const tokens = [];
+    for await (const chunk of await openai.completions.create({ model: 'tiny', prompt: 'The sky is', max_tokens: 5, temperature: 0, logprobs: 2, stream: true })) {
+      tokens.push(...(chunk.choices[0]?.logprobs?.tokens ?? []));
+    }
+    assert.deepEqual(tokens, lp.tokens);
+  });
+
+  test('presence, frequency and repetition penalties change greedy output deterministically', async () => {
+    const penalties = { presence_penalty: -2, frequency_penalty: -2, repetition_penalty: 0.3 };
+    const plain = await greedyChat({ max_tokens: 12 });
+    const [a, b] = await Promise.all([greedyChat({ max_tokens: 12, ...penalties }), greedyChat({ max_tokens: 12, ...penalties })]);
+    assert.equal(a.choices[0].message.content, b.choices[0].message.content);
+    assert.notEqual(a.choices[0].message.content, plain.choices[0].message.content, 'repeat-favouring penalties change the text');
+    await assert.rejects(greedyChat({ repetition_penalty: 0 }), (e) => e.status === 400 && e.param === 'repetition_penalty');
+  });
+
   test('client-visible errors: unknown model 404, bad parameter 400, prompt or max_tokens past the model length 400', async () => {
     await assert.rejects(greedyChat({ model: 'nope' }), (e) => e.status === 404 && e.code === 'model_not_found');
     await assert.rejects(greedyChat({ temperature: 5 }), (e) => e.status === 400 && e.param === 'temperature' && e.type === 'invalid_request_error');

@@ -1,6 +1,7 @@
 // A bounded soak: DSV4_SOAK_CLIENTS (default 64) clients send requests for DSV4_SOAK_SECONDS
 // (default 20) — chat and completions, streamed or not, random prompt lengths and max_tokens,
-// greedy or sampled, some malformed, a quarter dropped at a random point. Afterwards: zero server
+// greedy or sampled, some with logprobs or penalties, some malformed, a quarter dropped at a
+// random point. Afterwards: zero server
 // errors (5xx, error events, connections closed without an answer that the client did not drop),
 // the cache drained to zero pages, and no growth of the resident memory between the drain after a
 // warm-up round and the drain at the end. The figures are printed.
@@ -39,6 +40,11 @@ function randomRequest(random) {
     body.prompt = Array.from({ length }, () => int(100, 90000));
   }
   if (random() < 0.1) body.stop = [words[int(0, words.length - 1)]];
+  if (random() < 0.15) {
+    body.logprobs = chat ? true : int(0, 5);
+    if (chat) body.top_logprobs = int(0, 5);
+  }
+  if (random() < 0.15) Object.assign(body, { presence_penalty: 0.5, frequency_penalty: 0.3, repetition_penalty: 1.2 });
   const malformed = random() < 0.05;
   return {
     route: chat ? '/v1/chat/completions' : '/v1/completions',

@@ -160,4 +160,30 @@ std::vector<int32_t> CpuBackend::sample(const Tensor& logits, const std::vector<
   return out;
 }
 
+void CpuBackend::apply_penalties(Tensor& logits, const std::vector<PenaltyParams>& params,
+                                 const std::vector<const PenaltyTokens*>& tokens) {
+  const int64_t rows = logits.rows();
+  DSV4_CHECK(int64_t(params.size()) == rows && int64_t(tokens.size()) == rows,
+             "apply_penalties: {} rows, {} parameter sets, {} token lists", rows, params.size(), tokens.size());
+  const int vocab = rows ? int(logits.numel() / rows) : 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const PenaltyTokens* t = tokens[size_t(r)];
+    if (t == nullptr || t->ids.empty()) continue;
+    DSV4_CHECK(t->ids.size() == t->output_counts.size(), "apply_penalties: {} ids, {} counts", t->ids.size(), t->output_counts.size());
+    apply_penalties_reference(logits.ptr<float>() + r * vocab, vocab, params[size_t(r)], t->ids.data(), t->output_counts.data(),
+                              int64_t(t->ids.size()));
+  }
+}
+
+std::vector<TokenLogprobs> CpuBackend::logprobs(const Tensor& logits, const std::vector<int32_t>& chosen, int top_n) {
+  const int64_t rows = logits.rows();
+  DSV4_CHECK(int64_t(chosen.size()) == rows && top_n >= 0 && top_n <= 32, "logprobs: {} rows, {} chosen, top {}", rows,
+             chosen.size(), top_n);
+  std::vector<TokenLogprobs> out;
+  const int vocab = rows ? int(logits.numel() / rows) : 0;
+  for (int64_t r = 0; r < rows; ++r)
+    out.push_back(logprobs_reference(logits.ptr<float>() + r * vocab, vocab, chosen[size_t(r)], std::min(top_n, vocab)));
+  return out;
+}
+
 }  // namespace dsv4

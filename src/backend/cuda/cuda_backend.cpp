@@ -9,6 +9,7 @@
 #include "backend/cuda/hyper_connection.h"
 #include "backend/cuda/indexer_topk.h"
 #include "backend/cuda/linear.h"
+#include "backend/cuda/logit_processing.h"
 #include "backend/cuda/moe_fp4.h"
 #include "backend/cuda/row_ops.h"
 #include "backend/cuda/sampling.h"
@@ -254,6 +255,63 @@ std::vector<int32_t> CudaBackend::sample(const Tensor& logits, const std::vector
   sample_tokens(logits.ptr<float>(), rows, vocab, p.ptr<SamplingParams>(), c.ptr<uint64_t>(), ids.ptr<int32_t>(),
                 ws.data, stream());
   to_host(ids, out.data());
+  return out;
+}
+
+void CudaBackend::apply_penalties(Tensor& logits, const std::vector<PenaltyParams>& params,
+                                  const std::vector<const PenaltyTokens*>& tokens) {
+  const int64_t rows = logits.rows();
+  DSV4_CHECK(int64_t(params.size()) == rows && int64_t(tokens.size()) == rows,
+             "apply_penalties: {} rows, {} parameter sets, {} token lists", rows, params.size(), tokens.size());
+  // The rows' lists flattened into one entry list (row, id, count): one thread per entry.
+  std::vector<int32_t> entry_rows, ids, counts;
+  const int vocab = rows ? int(logits.numel() / rows) : 0;
+  for (int64_t r = 0; r < rows; ++r) {
+    const PenaltyTokens* t = tokens[size_t(r)];
+    if (t == nullptr) continue;
+    DSV4_CHECK(t->ids.size() == t->output_counts.size(), "apply_penalties: {} ids, {} counts", t->ids.size(), t->output_counts.size());
+    for (size_t i = 0; i < t->ids.size(); ++i) {
+      DSV4_CHECK(t->ids[i] >= 0 && t->ids[i] < vocab, "apply_penalties: token id {} outside the vocabulary {}", t->ids[i], vocab);
+      entry_rows.push_back(int32_t(r));
+      ids.push_back(t->ids[i]);
+      counts.push_back(t->output_counts[i]);
+    }
+  }
+  if (entry_rows.empty()) return;
+  const int64_t n = int64_t(entry_rows.size());
+  Tensor p = from_host(DType::U8, {int64_t(params.size() * sizeof(PenaltyParams))}, params.data());
+  Tensor d_rows = from_host(DType::I32, {n}, entry_rows.data());
+  Tensor d_ids = from_host(DType::I32, {n}, ids.data());
+  Tensor d_counts = from_host(DType::I32, {n}, counts.data());
+  cuda::apply_penalties(logits.ptr<float>(), vocab, p.ptr<PenaltyParams>(), d_rows.ptr<int32_t>(), d_ids.ptr<int32_t>(),
+                        d_counts.ptr<int32_t>(), n, stream());
+}
+
+std::vector<TokenLogprobs> CudaBackend::logprobs(const Tensor& logits, const std::vector<int32_t>& chosen, int top_n) {
+  const int64_t rows = logits.rows();
+  DSV4_CHECK(int64_t(chosen.size()) == rows && top_n >= 0 && top_n <= cuda::kMaxTopLogprobs, "logprobs: {} rows, {} chosen, top {}",
+             rows, chosen.size(), top_n);
+  std::vector<TokenLogprobs> out(static_cast<size_t>(rows));
+  if (!rows) return out;
+  const int vocab = int(logits.numel() / rows);
+  top_n = std::min(top_n, vocab);
+  Tensor d_chosen = from_host(DType::I32, {rows}, chosen.data());
+  Tensor d_chosen_lp = alloc(DType::F32, {rows});
+  Tensor d_top_ids = alloc(DType::I32, {std::max<int64_t>(rows * top_n, 1)});
+  Tensor d_top_lp = alloc(DType::F32, {std::max<int64_t>(rows * top_n, 1)});
+  cuda::token_logprobs(logits.ptr<float>(), rows, vocab, d_chosen.ptr<int32_t>(), top_n, d_chosen_lp.ptr<float>(),
+                       d_top_ids.ptr<int32_t>(), d_top_lp.ptr<float>(), stream());
+  std::vector<float> chosen_lp(static_cast<size_t>(rows)), top_lp(size_t(std::max<int64_t>(rows * top_n, 1)));
+  std::vector<int32_t> top_ids(top_lp.size());
+  to_host(d_chosen_lp, chosen_lp.data());
+  to_host(d_top_ids, top_ids.data());
+  to_host(d_top_lp, top_lp.data());
+  for (int64_t r = 0; r < rows; ++r) {
+    TokenLogprobs& t = out[size_t(r)];
+    t.chosen = chosen_lp[size_t(r)];
+    t.top_ids.assign(top_ids.begin() + r * top_n, top_ids.begin() + (r + 1) * top_n);
+    t.top.assign(top_lp.begin() + r * top_n, top_lp.begin() + (r + 1) * top_n);
+  }
   return out;
 }
 

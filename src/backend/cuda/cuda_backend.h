@@ -98,6 +98,9 @@ class CudaBackend final : public Backend {
   Tensor logits(const Tensor& h, const uint16_t* head, int vocab) override;
   std::vector<int32_t> sample(const Tensor& logits, const std::vector<SamplingParams>& params,
                               const std::vector<uint64_t>& counters) override;
+  void apply_penalties(Tensor& logits, const std::vector<PenaltyParams>& params,
+                       const std::vector<const PenaltyTokens*>& tokens) override;
+  std::vector<TokenLogprobs> logprobs(const Tensor& logits, const std::vector<int32_t>& chosen, int top_n) override;
 
  private:
   template <typename T>

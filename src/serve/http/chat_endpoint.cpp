@@ -46,7 +46,6 @@ void handle_chat_completions(ServerContext& context, const httplib::Request& req
   if (!parsed.ok()) return send_error(res, *parsed.error);
   openai::ChatRequest& chat = *parsed.value;
   if (!context.check_model(chat.model, res)) return;
-  if (auto error = unsupported_params(chat.params)) return send_error(res, *error);
   std::vector<int32_t> prompt = context.service.tokenizer().encode(chat.prompt);
   if (auto error = openai::fit_context(chat.params, int64_t(prompt.size()), context.service.max_model_len(), "messages"))
     return send_error(res, *error);

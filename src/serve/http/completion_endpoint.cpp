@@ -104,7 +104,6 @@ void handle_completions(ServerContext& context, const httplib::Request& req, htt
   if (!parsed.ok()) return send_error(res, *parsed.error);
   openai::CompletionRequest& completion = *parsed.value;
   if (!context.check_model(completion.model, res)) return;
-  if (auto error = unsupported_params(completion.params)) return send_error(res, *error);
   if (completion.echo && completion.params.logprobs)
     return send_error(res, openai::bad_request("'echo' with 'logprobs' (prompt logprobs) is not supported.", "echo"));
 

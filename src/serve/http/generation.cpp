@@ -30,7 +30,25 @@ Request engine_request(std::vector<int32_t> prompt, const openai::GenerationPara
   r.stop.ignore_eos = p.ignore_eos;
   r.stop.max_tokens = p.max_tokens.value_or(16);
   r.stop.min_tokens = p.min_tokens;
+  r.penalties.repetition = float(p.repetition_penalty);
+  r.penalties.frequency = float(p.frequency_penalty);
+  r.penalties.presence = float(p.presence_penalty);
+  r.logprobs = p.logprobs ? p.top_logprobs : -1;
   return r;
+}
+
+// A token as the logprobs objects show it: its bytes (maybe part of a character; the encoders
+// repair the text and keep the bytes), nothing for ids the tokenizer does not know.
+std::string token_piece(const Tokenizer& tokenizer, int32_t id) {
+  return tokenizer.is_known(id) ? std::string(tokenizer.token_bytes(id)) : std::string();
+}
+
+openai::TokenLogprob api_logprob(const Tokenizer& tokenizer, int32_t token, const TokenLogprobs& lp) {
+  openai::TokenLogprob out;
+  out.token = token_piece(tokenizer, token);
+  out.logprob = lp.chosen;
+  for (size_t i = 0; i < lp.top_ids.size(); ++i) out.top.push_back({token_piece(tokenizer, lp.top_ids[i]), lp.top[i]});
+  return out;
 }
 
 }  // namespace
@@ -121,7 +139,12 @@ bool ChoiceRun::poll(std::chrono::milliseconds wait, const OnText& on_text) {
     last_token_ = now;
     ChoiceText::Delta delta = text_.push(event->token, event->is_stop_token);
     if (delta.stopped) context_.service.engine().stop(handle_);
-    if (on_text && !delta.text.empty()) on_text(delta.text, {});
+    std::vector<openai::TokenLogprob> logprobs;
+    if (event->logprobs) {
+      logprobs.push_back(api_logprob(context_.service.tokenizer(), event->token, *event->logprobs));
+      logprobs_.push_back(logprobs.back());
+    }
+    if (on_text && (!delta.text.empty() || !logprobs.empty())) on_text(delta.text, std::move(logprobs));
   }
   return any;
 }
@@ -198,12 +221,5 @@ void stream_sse(const httplib::Request& req, httplib::Response& res, std::shared
       [source](bool) { source->abandon(); });
 }
 
-std::optional<openai::ApiError> unsupported_params(const openai::GenerationParams& params) {
-  if (params.logprobs) return openai::bad_request("'logprobs' is not supported yet.", "logprobs");
-  if (params.presence_penalty != 0) return openai::bad_request("'presence_penalty' is not supported yet.", "presence_penalty");
-  if (params.frequency_penalty != 0) return openai::bad_request("'frequency_penalty' is not supported yet.", "frequency_penalty");
-  if (params.repetition_penalty != 1) return openai::bad_request("'repetition_penalty' is not supported yet.", "repetition_penalty");
-  return std::nullopt;
-}
 
 }  // namespace dsv4::serve

@@ -122,7 +122,4 @@ bool poll_runs(const std::vector<ChoiceRun*>& runs, std::chrono::milliseconds wa
 // false in that case (the runs are abandoned).
 bool wait_for_runs(const httplib::Request& req, const std::vector<ChoiceRun*>& runs);
 
-// Parameters that are accepted by the request schema but not served yet: a 400 naming them.
-std::optional<openai::ApiError> unsupported_params(const openai::GenerationParams& params);
-
 }  // namespace dsv4::serve
