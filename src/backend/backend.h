@@ -98,6 +98,11 @@ struct KeyTables {
   int max_keys = 0;
 };
 
+// Logprobs of sampled rows (Backend::logprobs): F32 [rows], I32 [rows, top_n], F32 [rows, top_n].
+struct LogprobRows {
+  Tensor chosen, top_ids, top;
+};
+
 // Work recorded once and replayed (CUDA graphs); opaque to the model.
 struct CapturedWork {
   virtual ~CapturedWork() = default;
@@ -129,6 +134,8 @@ class Backend {
   virtual Tensor from_host(DType dtype, std::vector<int64_t> shape, const void* data) = 0;
   virtual void to_host(const Tensor& t, void* dst) = 0;
   virtual void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) = 0;
+  // Rows rows[i] (I32 [n]) of src, as bytes, into a new [n, ...] tensor of src's dtype.
+  virtual Tensor gather_rows(const Tensor& src, const Tensor& rows) = 0;
 
   // Elementwise / row ops (bf16 unless stated).
   virtual Tensor embed(const Tensor& ids, const uint16_t* table, int dim) = 0;  // rows ids[i] (I32 [n]) of table
@@ -193,6 +200,15 @@ class Backend {
   // sequence has generated so far (the draw's counter). cpu/sampling_reference.h defines the
   // algorithm exactly, so every backend picks the same tokens.
   virtual Tensor sample(const Tensor& logits, const Tensor& params, const Tensor& counters) = 0;
+  // Penalties (sampling_params.h) on f32 logits [rows, V] in place: entry e rewrites logit
+  // ids[e] of row rows[e] through sampling::penalized_logit with params[rows[e]] and counts[e]
+  // (I32 [n] each; ids distinct within a row; `params`: PenaltyParams [rows] as bytes). Exact: the
+  // same bits on every backend, so penalised sampling picks the same tokens everywhere.
+  virtual void apply_penalties(Tensor& logits, const Tensor& params, const Tensor& rows, const Tensor& ids,
+                               const Tensor& counts) = 0;
+  // Per row of f32 logits [rows, V]: the logprob of chosen[r] (I32 [rows]) and of the row's top_n
+  // (≤ 32) tokens (cpu/sampling_reference.h: logprobs_reference; agreement to rounding).
+  virtual LogprobRows logprobs(const Tensor& logits, const Tensor& chosen, int top_n) = 0;
 };
 
 std::unique_ptr<Backend> make_backend(const std::string& name);  // "cpu" | "cuda"

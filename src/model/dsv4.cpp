@@ -128,9 +128,22 @@ StepPlan Dsv4Model::plan_step(const std::vector<BatchItem>& batch) {
     const int32_t n = int32_t(item.tokens.size());
     for (int32_t r = item.all_logits ? 0 : n - 1; r < n; ++r) rq.head_rows.push_back(rows + r);
     if (item.sampling) {
+      const int32_t row = int32_t(rq.sample_rows.size());
       rq.sample_rows.push_back(int32_t(rq.head_rows.size()) - 1);
       rq.sample_params.push_back(*item.sampling);
       rq.sample_counters.push_back(item.sample_counter);
+      rq.penalty_params.push_back(item.penalties);
+      if (const PenaltyTokens* pt = item.penalty_tokens) {
+        DSV4_CHECK(pt->ids.size() == pt->output_counts.size(), "step: {} penalty ids, {} counts", pt->ids.size(), pt->output_counts.size());
+        for (size_t k = 0; k < pt->ids.size(); ++k) {
+          DSV4_CHECK(pt->ids[k] >= 0 && pt->ids[k] < c.vocab_size, "step: penalty token {} outside the vocabulary", pt->ids[k]);
+          rq.penalty_rows.push_back(row), rq.penalty_ids.push_back(pt->ids[k]), rq.penalty_counts.push_back(pt->output_counts[k]);
+        }
+      }
+      if (item.logprobs >= 0) {
+        rq.logprob_rows.push_back(row);
+        rq.top_logprobs = std::max(rq.top_logprobs, item.logprobs);
+      }
     }
     rows += n;
   }
@@ -144,17 +157,17 @@ StepResult Dsv4Model::run_step(const StepPlan& plan) {
   for (int l = 0; l < c.n_layers; ++l) X = run_block(weights_->blocks[size_t(l)], X, plan, size_t(l));
   StepResult r;
   const int64_t P = plan.head_rows.numel();
-  Tensor Xp = view(backend_.embed(plan.head_rows, X.ptr<uint16_t>(), c.hc_mult * c.dim), {P, c.hc_mult, c.dim});
+  Tensor Xp = view(backend_.gather_rows(view(X, {plan.rows, c.hc_mult * c.dim}), plan.head_rows), {P, c.hc_mult, c.dim});
   r.logits = head_logits(Xp, weights_->hc_head, weights_->norm);
-  const int64_t R = plan.sample_rows.numel();
-  if (R) {
-    Tensor rows = r.logits;
-    if (!plan.sample_all_rows) {  // the sampled rows of the head's output, gathered as bytes
-      rows = backend_.embed(plan.sample_rows, r.logits.ptr<uint16_t>(), 2 * c.vocab_size);
-      rows.dtype = DType::F32;
-      rows.shape = {R, c.vocab_size};
-    }
+  if (plan.sample_rows.numel()) {
+    // The sampled rows of the head's output (a copy where penalties will rewrite them).
+    Tensor rows = plan.sample_all_rows && !plan.penalties ? r.logits : backend_.gather_rows(r.logits, plan.sample_rows);
+    // Logprobs are of the raw rows (vLLM's default): taken before the penalties.
+    Tensor raw = plan.logprob_rows.numel() ? backend_.gather_rows(rows, plan.logprob_rows) : Tensor{};
+    if (plan.penalties)
+      backend_.apply_penalties(rows, plan.penalty_params, plan.penalty_rows, plan.penalty_ids, plan.penalty_counts);
     r.tokens = backend_.sample(rows, plan.sample_params, plan.sample_counters);
+    if (raw.data) r.logprobs = backend_.logprobs(raw, backend_.gather_rows(r.tokens, plan.logprob_rows), plan.top_logprobs);
   }
   return r;
 }
@@ -173,8 +186,28 @@ StepOutput Dsv4Model::finish_step(StepPlan& plan, const StepResult& result, cons
   if (result.tokens.data && result.tokens.numel()) {
     std::vector<int32_t> picked(size_t(result.tokens.numel()));
     backend_.to_host(result.tokens, picked.data());
-    for (size_t i = 0, j = 0; i < batch.size(); ++i)
-      if (batch[i].sampling) out.tokens[i] = picked[j++];
+    std::vector<size_t> item_of_sample;
+    for (size_t i = 0; i < batch.size(); ++i)
+      if (batch[i].sampling) out.tokens[i] = picked[item_of_sample.size()], item_of_sample.push_back(i);
+    const int64_t L = plan.logprob_rows.numel();
+    if (L && result.logprobs.chosen.data) {
+      const int top = plan.top_logprobs;
+      std::vector<int32_t> rows(static_cast<size_t>(L)), top_ids(static_cast<size_t>(L * top));
+      std::vector<float> chosen(static_cast<size_t>(L)), top_lp(static_cast<size_t>(L * top));
+      backend_.to_host(plan.logprob_rows, rows.data());
+      backend_.to_host(result.logprobs.chosen, chosen.data());
+      if (top) backend_.to_host(result.logprobs.top_ids, top_ids.data()), backend_.to_host(result.logprobs.top, top_lp.data());
+      out.logprobs.assign(batch.size(), std::nullopt);
+      for (int64_t k = 0; k < L; ++k) {
+        const size_t item = item_of_sample[size_t(rows[size_t(k)])];
+        const int n = std::min(top, batch[item].logprobs);  // this row's own count of alternatives
+        TokenLogprobs t;
+        t.chosen = chosen[size_t(k)];
+        t.top_ids.assign(top_ids.begin() + k * top, top_ids.begin() + k * top + n);
+        t.top.assign(top_lp.begin() + k * top, top_lp.begin() + k * top + n);
+        out.logprobs[item] = std::move(t);
+      }
+    }
   }
   if (std::any_of(batch.begin(), batch.end(), [](const BatchItem& b) { return b.return_logits; })) {
     out.logits.resize(size_t(result.logits.numel()));

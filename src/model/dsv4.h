@@ -29,6 +29,12 @@ struct BatchItem {
   bool return_logits = true;   // copy this item's logits rows to the host (StepOutput::logits)
   std::optional<SamplingParams> sampling;  // sample the next token from the last row, on the backend
   uint64_t sample_counter = 0;             // tokens this sequence has sampled so far (the draw's counter)
+  // With sampling: penalties on the sampled row first (tokens: the sequence's prompt and output
+  // ids, read during the step only; null = no penalties), and the sampled token's logprob plus
+  // the top `logprobs` alternatives from the raw row (−1: none).
+  PenaltyParams penalties;
+  const PenaltyTokens* penalty_tokens = nullptr;
+  int logprobs = -1;
 };
 
 struct StepOutput {
@@ -38,12 +44,15 @@ struct StepOutput {
   std::vector<int64_t> row_of;
   int vocab = 0;
   std::vector<int32_t> tokens;  // per item: the sampled token, −1 where the item did not sample
+  // Per item when any item asked for logprobs (else empty): that item's, nullopt for the others.
+  std::vector<std::optional<TokenLogprobs>> logprobs;
 };
 
 // What a step leaves on the backend: the head's logits rows and the sampled tokens.
 struct StepResult {
   Tensor logits;  // F32 [P, V]
   Tensor tokens;  // I32 [R]: one per sampling item, in batch order
+  LogprobRows logprobs;  // for the plan's logprob rows
 };
 
 class Dsv4Model {

@@ -74,6 +74,15 @@ StepPlan build_step_plan(Backend& be, const PlanRequest& rq) {
   const size_t at_streams = d.add(stream_tokens), at_head = d.add(rq.head_rows), at_sample = d.add(rq.sample_rows);
   const size_t at_params = d.add_bytes(rq.sample_params.data(), rq.sample_params.size() * sizeof(SamplingParams));
   const size_t at_counters = d.add_bytes(rq.sample_counters.data(), rq.sample_counters.size() * 8);
+  const bool penalties = !rq.penalty_ids.empty();
+  DSV4_CHECK(rq.penalty_rows.size() == rq.penalty_ids.size() && rq.penalty_counts.size() == rq.penalty_ids.size() &&
+                 (!penalties || rq.penalty_params.size() == rq.sample_rows.size()),
+             "step plan: penalty entries inconsistent");
+  for (int32_t r : rq.penalty_rows) DSV4_CHECK(r >= 0 && r < int32_t(rq.sample_rows.size()), "step plan: penalty row {}", r);
+  for (int32_t r : rq.logprob_rows) DSV4_CHECK(r >= 0 && r < int32_t(rq.sample_rows.size()), "step plan: logprob row {}", r);
+  const size_t at_pparams = d.add_bytes(rq.penalty_params.data(), penalties ? rq.penalty_params.size() * sizeof(PenaltyParams) : 0);
+  const size_t at_prows = d.add(rq.penalty_rows), at_pids = d.add(rq.penalty_ids), at_pcounts = d.add(rq.penalty_counts);
+  const size_t at_lrows = d.add(rq.logprob_rows);
 
   // Pages: every entry the step completes gets its page now (SPEC §3.4: entry j completes at
   // position ratio·(j+1) − 1), and each layer takes scratch pages for the step's new entries.
@@ -133,6 +142,14 @@ StepPlan build_step_plan(Backend& be, const PlanRequest& rq) {
   for (size_t i = 0; i < rq.sample_rows.size() && plan.sample_all_rows; ++i) plan.sample_all_rows = rq.sample_rows[i] == int32_t(i);
   plan.sample_params = view(b, at_params, DType::U8, {int64_t(rq.sample_params.size() * sizeof(SamplingParams))});
   plan.sample_counters = view(b, at_counters, DType::U8, {int64_t(rq.sample_counters.size() * 8)});
+  plan.penalties = penalties;
+  const int64_t np = int64_t(rq.penalty_ids.size());
+  plan.penalty_params = view(b, at_pparams, DType::U8, {penalties ? int64_t(rq.penalty_params.size() * sizeof(PenaltyParams)) : 0});
+  plan.penalty_rows = view(b, at_prows, DType::I32, {np});
+  plan.penalty_ids = view(b, at_pids, DType::I32, {np});
+  plan.penalty_counts = view(b, at_pcounts, DType::I32, {np});
+  plan.logprob_rows = view(b, at_lrows, DType::I32, {int64_t(rq.logprob_rows.size())});
+  plan.top_logprobs = rq.top_logprobs;
   for (size_t l = 0; l < plan.layers.size(); ++l) {
     LayerPlan& lp = plan.layers[l];
     lp.window = view(b, lw[l].window, DType::I32, {int64_t(S), lw[l].ww});

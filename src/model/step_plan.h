@@ -31,6 +31,12 @@ struct PlanRequest {
   std::vector<int32_t> sample_rows;
   std::vector<SamplingParams> sample_params;
   std::vector<uint64_t> sample_counters;
+  // Penalties on sampled rows (entries: sample row, token id, output count; ids distinct per row)
+  // and the sample rows whose raw logprobs are wanted, with the most alternatives any asks for.
+  std::vector<PenaltyParams> penalty_params;  // per sample row, when any entry exists
+  std::vector<int32_t> penalty_rows, penalty_ids, penalty_counts;
+  std::vector<int32_t> logprob_rows;
+  int top_logprobs = 0;
   int hc_mult = 1, window = 0, index_topk = 0;
 };
 
@@ -62,6 +68,10 @@ struct StepPlan {
   bool sample_all_rows = false;  // sample_rows is 0..P−1: the head's output is sampled as it is
   Tensor sample_params;    // SamplingParams [R] as bytes
   Tensor sample_counters;  // U64 [R] as bytes
+  bool penalties = false;
+  Tensor penalty_params, penalty_rows, penalty_ids, penalty_counts;  // PenaltyParams [R] as bytes; I32 [n]
+  Tensor logprob_rows;     // I32 [L]: sample rows
+  int top_logprobs = 0;
   std::vector<LayerPlan> layers;
 };
 

@@ -245,7 +245,13 @@ std::unique_ptr<ModelWeights> bind_model_weights(const ModelConfig& config, Tens
   Progress progress(backend ? "placing weights" : "binding weights");
   const int total = c.n_layers + c.n_mtp_layers;
   for (int l = 0; l < c.n_layers; ++l) {
+    const double before = b.bytes();
     mw->blocks.push_back(bind_block(b, fmt::format("layers.{}", l), c, l, false));
+    mw->block_bytes.push_back(b.bytes() - before);
+    const LinearWeight& w1 = mw->blocks.back().moe.experts.front().w1;
+    const double per32 = w1.format == WeightFormat::NVFP4 ? 2 : w1.format == WeightFormat::MXFP4 ? 1 : 0;
+    const double w_bytes = w1.format == WeightFormat::BF16 ? 2.0 : w1.format == WeightFormat::FP8_BLOCK ? 1.0 : 0.5;
+    mw->expert_bytes.push_back(3.0 * double(c.moe_inter_dim) * double(c.dim) * (w_bytes + per32 / 32));
     progress.update(l + 1, total, b.placed_bytes());
   }
   for (int m = 0; m < c.n_mtp_layers; ++m) {

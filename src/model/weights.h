@@ -46,6 +46,7 @@ struct ModelWeights {
   std::vector<std::string> unused_tensors;  // present in the checkpoint, not used
   size_t tensors_bound = 0;                 // tensors the model uses, and their bytes as stored
   double bytes_bound = 0;
+  std::vector<double> block_bytes, expert_bytes;  // per main block: all its bytes, one routed expert's
 };
 
 // Where the binder finds tensors by name: a checkpoint, or the synthetic model's generator

@@ -82,6 +82,11 @@ ScheduledStep Scheduler::schedule() {
     if (samples) {
       item.sampling = seq->request.sampling;
       item.sample_counter = uint64_t(seq->generated.size());
+      item.logprobs = seq->request.logprobs;
+      if (penalties_active(seq->request.penalties)) {
+        item.penalties = seq->request.penalties;
+        item.penalty_tokens = &seq->penalty_tokens;  // the engine thread runs the step: nothing changes it meanwhile
+      }
     }
     budget -= int64_t(item.tokens.size());
     step.num_tokens += int64_t(item.tokens.size());
@@ -121,7 +126,9 @@ void Scheduler::update(const ScheduledStep& step, const StepOutput& out) {
       seq.status = SeqStatus::Decoding;
     }
     DSV4_CHECK(out.tokens[i] >= 0, "step: no token sampled for request {}", seq.id);
-    if (seq.append_token(out.tokens[i], config_.eos_token_ids)) finish(seq, seq.reason);
+    std::optional<TokenLogprobs> logprobs;
+    if (i < out.logprobs.size()) logprobs = out.logprobs[i];
+    if (seq.append_token(out.tokens[i], config_.eos_token_ids, std::move(logprobs))) finish(seq, seq.reason);
   }
 }
 

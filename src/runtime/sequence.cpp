@@ -27,6 +27,20 @@ void validate_request(const Request& r, const ModelConfig& c) {
   DSV4_CHECK(std::isfinite(p.top_p) && p.top_p > 0 && p.top_p <= 1, "top_p must be in (0, 1], got {}", p.top_p);
   DSV4_CHECK(std::isfinite(p.min_p) && p.min_p >= 0 && p.min_p <= 1, "min_p must be in [0, 1], got {}", p.min_p);
   DSV4_CHECK(p.top_k >= -1, "top_k must be -1 or 0 (off) or a positive count, got {}", p.top_k);
+  const PenaltyParams& q = r.penalties;
+  DSV4_CHECK(std::isfinite(q.repetition) && q.repetition > 0, "repetition_penalty must be a finite value > 0, got {}", q.repetition);
+  DSV4_CHECK(std::isfinite(q.frequency) && std::isfinite(q.presence), "frequency and presence penalties must be finite, got {} and {}",
+             q.frequency, q.presence);
+  DSV4_CHECK(r.logprobs >= -1 && r.logprobs <= kMaxLogprobs, "logprobs must be -1 (none) or 0..{}, got {}", kMaxLogprobs, r.logprobs);
+}
+
+Sequence::Sequence(uint64_t id, Request request) : id(id), request(std::move(request)) {
+  if (!penalties_active(this->request.penalties)) return;
+  for (int32_t t : this->request.prompt)
+    if (penalty_index_.emplace(t, penalty_tokens.ids.size()).second) {
+      penalty_tokens.ids.push_back(t);
+      penalty_tokens.output_counts.push_back(0);
+    }
 }
 
 const char* finish_reason_name(FinishReason r) {
@@ -40,8 +54,17 @@ const char* finish_reason_name(FinishReason r) {
   return "?";
 }
 
-bool Sequence::append_token(int32_t token, const std::vector<int32_t>& eos_ids) {
+bool Sequence::append_token(int32_t token, const std::vector<int32_t>& eos_ids, std::optional<TokenLogprobs> logprobs) {
   generated.push_back(token);
+  if (request.logprobs >= 0) generated_logprobs.push_back(logprobs ? std::move(*logprobs) : TokenLogprobs{});
+  if (penalties_active(request.penalties)) {
+    auto [at, added] = penalty_index_.emplace(token, penalty_tokens.ids.size());
+    if (added) {
+      penalty_tokens.ids.push_back(token);
+      penalty_tokens.output_counts.push_back(0);
+    }
+    ++penalty_tokens.output_counts[at->second];
+  }
   const StopConditions& s = request.stop;
   auto in = [token](const std::vector<int32_t>& ids) { return std::find(ids.begin(), ids.end(), token) != ids.end(); };
   if (int64_t(generated.size()) >= s.min_tokens && (in(s.stop_token_ids) || (!s.ignore_eos && in(eos_ids)))) {

@@ -4,6 +4,7 @@
 #include <cstdint>
 #include <optional>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "backend/sampling_params.h"
@@ -28,7 +29,10 @@ struct Request {
   std::vector<int32_t> prompt;
   SamplingParams sampling;  // temperature 0 = greedy
   StopConditions stop;
+  PenaltyParams penalties;  // repetition over prompt and output, frequency and presence over the output
+  int logprobs = -1;        // ≥ 0: each token comes with its logprob and the top `logprobs` (≤ 20) alternatives
 };
+inline constexpr int kMaxLogprobs = 20;
 
 // Throws Error naming the first problem (empty prompt, token id outside the vocabulary, length past
 // max_position_embeddings, parameter out of range): caught at submit, before the request is queued.
@@ -40,7 +44,7 @@ const char* finish_reason_name(FinishReason r);  // "stop", "length", "cancelled
 
 class Sequence {
  public:
-  Sequence(uint64_t id, Request request) : id(id), request(std::move(request)) {}
+  Sequence(uint64_t id, Request request);
 
   const uint64_t id;  // the engine's request id (not the model's SeqId, which is reused)
   const Request request;
@@ -51,6 +55,11 @@ class Sequence {
   FinishReason reason = FinishReason::None;
   std::string error;           // with FinishReason::Error
   int32_t stop_token = -1;     // the EOS / stop token that finished it (the last generated token)
+  // With logprobs: one entry per generated token (moved out as the tokens are published).
+  std::vector<TokenLogprobs> generated_logprobs;
+  // With penalties: the distinct prompt and output ids and their output counts, what the
+  // penalty op reads; updated by append_token.
+  PenaltyTokens penalty_tokens;
 
   int64_t prompt_len() const { return int64_t(request.prompt.size()); }
   int64_t remaining_prompt() const { return prompt_len() - prefill_cursor; }
@@ -58,9 +67,13 @@ class Sequence {
   // Positions the model can ever run for this request: the last sampled token is never fed back.
   int64_t max_positions() const { return prompt_len() + request.stop.max_tokens - 1; }
 
-  // Appends a sampled token and applies the stop conditions; true when the request is finished.
-  bool append_token(int32_t token, const std::vector<int32_t>& eos_ids);
+  // Appends a sampled token (with its logprobs when the request asked) and applies the stop
+  // conditions; true when the request is finished.
+  bool append_token(int32_t token, const std::vector<int32_t>& eos_ids, std::optional<TokenLogprobs> logprobs = {});
   void finish(FinishReason r, std::string message = {});
+
+ private:
+  std::unordered_map<int32_t, size_t> penalty_index_;  // id → its place in penalty_tokens
 };
 
 }  // namespace dsv4

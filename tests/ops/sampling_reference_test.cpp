@@ -238,5 +238,49 @@ TEST(SamplingReference, MinPFiltersLowProbabilityTokens) {
   }
 }
 
+TEST(PenaltiesReference, VllmDefinitionsInOrder) {
+  // ids 0..3 listed; 4 is not (unchanged). Counts: 0 = prompt only (repetition alone applies).
+  std::vector<float> l = {2.f, -2.f, 3.f, 1.f, 7.f};
+  const std::vector<int32_t> ids = {0, 1, 2, 3}, counts = {0, 0, 3, 1};
+  apply_penalties_reference(l.data(), 5, PenaltyParams{2.f, 0.5f, 1.f}, ids.data(), counts.data(), 4);
+  EXPECT_EQ(l[0], 1.f);                 // 2 / 2
+  EXPECT_EQ(l[1], -4.f);                // −2 · 2
+  EXPECT_EQ(l[2], 1.5f - 1.5f - 1.f);   // 3 / 2 − 0.5 · 3 − 1
+  EXPECT_EQ(l[3], 0.5f - 0.5f - 1.f);   // 1 / 2 − 0.5 · 1 − 1
+  EXPECT_EQ(l[4], 7.f);
+  std::vector<float> neutral = {2.f, -2.f};
+  const std::vector<int32_t> two = {0, 1}, ones = {1, 1};
+  apply_penalties_reference(neutral.data(), 2, PenaltyParams{}, two.data(), ones.data(), 2);
+  EXPECT_EQ(neutral, (std::vector<float>{2.f, -2.f})) << "neutral parameters change nothing";
+  const std::vector<int32_t> outside = {5};
+  EXPECT_ANY_THROW(apply_penalties_reference(l.data(), 5, PenaltyParams{}, outside.data(), ones.data(), 1));
+}
+
+TEST(LogprobsReference, LogSoftmaxAndCanonicalTopOrder) {
+  std::mt19937 rng(8);
+  std::vector<float> l = random_logits(rng, 64, 3.f);
+  l[10] = l[20] = 40.f;  // tied maximum: the lower id first
+  l[30] = -std::numeric_limits<float>::infinity();
+  l[31] = std::nanf("");
+  const TokenLogprobs all = logprobs_reference(l.data(), 64, 20, 64);
+  ASSERT_EQ(all.top_ids.size(), 64u);
+  EXPECT_EQ(all.top_ids[0], 10);
+  EXPECT_EQ(all.top_ids[1], 20);
+  EXPECT_EQ(all.top[0], all.top[1]);
+  EXPECT_EQ(all.chosen, all.top[1]);
+  double mass = 0;
+  for (size_t k = 0; k < all.top.size(); ++k) {
+    mass += std::exp(double(all.top[k]));
+    if (k) {
+      EXPECT_LE(all.top[k], all.top[k - 1]);
+    }
+  }
+  EXPECT_NEAR(mass, 1.0, 1e-6);
+  EXPECT_EQ(logprobs_reference(l.data(), 64, 30, 0).chosen, -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(logprobs_reference(l.data(), 64, 31, 0).chosen, -std::numeric_limits<float>::infinity()) << "NaN counts as −inf";
+  const std::vector<float> dead(8, -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(logprobs_reference(dead.data(), 8, 3, 0).chosen, 0.f) << "no finite logit: the maxima share certainty";
+}
+
 }  // namespace
 }  // namespace dsv4

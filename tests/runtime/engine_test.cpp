@@ -8,6 +8,7 @@
 #include <map>
 #include <mutex>
 
+#include "backend/cpu/sampling_reference.h"
 #include "core/error.h"
 #include "runtime/engine.h"
 
@@ -61,6 +62,7 @@ class EngineTest : public ::testing::Test {
 
   struct Result {
     std::vector<int32_t> tokens;
+    std::vector<size_t> stop_flagged;  // indices of tokens delivered with is_stop_token
     Event fin;
     bool done = false;
   };
@@ -76,6 +78,7 @@ class EngineTest : public ::testing::Test {
         r.done = true;
         break;
       }
+      if (e->is_stop_token) r.stop_flagged.push_back(r.tokens.size());
       r.tokens.push_back(e->token);
     }
     return r;
@@ -178,6 +181,7 @@ TEST_F(EngineTest, StopConditions) {
   ASSERT_TRUE(r.done);
   EXPECT_EQ(r.fin.reason, FinishReason::Length);
   EXPECT_EQ(r.tokens, std::vector<int32_t>(g.begin(), g.begin() + 3));
+  EXPECT_TRUE(r.stop_flagged.empty());
   // stop token ids: stops at the first occurrence, which is delivered and named
   const size_t at = size_t(std::find(g.begin(), g.end(), g[2]) - g.begin());
   Request q = request(prompt, 8);
@@ -187,6 +191,7 @@ TEST_F(EngineTest, StopConditions) {
   EXPECT_EQ(r.fin.reason, FinishReason::Stop);
   EXPECT_EQ(r.fin.stop_token, g[2]);
   EXPECT_EQ(r.tokens, std::vector<int32_t>(g.begin(), g.begin() + long(at) + 1));
+  EXPECT_EQ(r.stop_flagged, std::vector<size_t>{at}) << "the stop token itself says it ends the request";
   // min_tokens: a stop token before it is an ordinary token
   q.stop.min_tokens = int64_t(at) + 2;
   r = drain(plain.submit(q));
@@ -196,6 +201,8 @@ TEST_F(EngineTest, StopConditions) {
   std::vector<int32_t> want(g.begin(), g.begin() + long(std::min(next + 1, g.size())));
   EXPECT_EQ(r.tokens, want);
   EXPECT_EQ(r.fin.reason, next < g.size() ? FinishReason::Stop : FinishReason::Length);
+  EXPECT_EQ(r.stop_flagged, next < g.size() ? std::vector<size_t>{next} : std::vector<size_t>{})
+      << "a stop token before min_tokens is an ordinary token";
   plain.shutdown();
 
   // EOS (the engine's EOS ids) and ignore_eos
@@ -219,6 +226,7 @@ TEST_F(EngineTest, StopConditions) {
   ASSERT_TRUE(r.done);
   EXPECT_EQ(r.fin.reason, FinishReason::Stop);
   EXPECT_EQ(r.fin.stop_token, -1);
+  EXPECT_TRUE(r.stop_flagged.empty()) << "a caller's stop flags no token";
 }
 
 TEST_F(EngineTest, InvalidRequestsFailAtSubmit) {
@@ -380,6 +388,95 @@ TEST_F(EngineTest, ExactCapacityIsEnoughToFinish) {
   ASSERT_TRUE(r.done);
   EXPECT_EQ(r.fin.reason, FinishReason::Length) << r.fin.error;
   EXPECT_EQ(r.tokens.size(), 8u);
+}
+
+// Penalties through the engine against the definition applied by hand: each step's raw logits
+// (return_logits) with every seen token's logit through penalized_logit, then the same sampler.
+// Batched with an unpenalised request, whose tokens must not change.
+TEST_F(EngineTest, PenaltiesFollowTheDefinitionAloneAndBatched) {
+  const std::vector<int32_t> prompt = prompt_of(10, 5);
+  // Penalties that favour seen tokens (repetition < 1, negative frequency and presence), so the
+  // greedy output surely changes; the arithmetic is the same for discouraging ones.
+  PenaltyParams pen{0.3f, -1.5f, -1.0f};
+  SamplingParams sp;  // greedy: the penalties alone decide what changes
+  const int n = 8;
+  std::vector<int32_t> want;
+  {
+    SeqId s = model().new_sequence();
+    std::vector<int32_t> tokens = prompt;
+    for (int i = 0; i < n; ++i) {
+      StepOutput out = model().step({BatchItem{s, tokens}});
+      std::vector<float> row(out.logits.end() - out.vocab, out.logits.end());
+      std::map<int32_t, int32_t> counts;
+      for (int32_t t : prompt) counts.emplace(t, 0);
+      for (int32_t t : want) ++counts[t];
+      for (auto [id, count] : counts) row[size_t(id)] = sampling::penalized_logit(row[size_t(id)], pen, count);
+      uint64_t counter = uint64_t(i);
+      int32_t next = -1;
+      sample_reference(row.data(), 1, out.vocab, &sp, &counter, &next);
+      want.push_back(next);
+      tokens = {next};
+    }
+    model().free_sequence(s);
+  }
+  const std::vector<int32_t> plain = solo(prompt_of(7, 9), n);
+  EXPECT_NE(want, solo(prompt, n)) << "the penalties change this greedy output (else the test proves nothing)";
+  Engine engine(model(), {});
+  Request penalised = request(prompt, n);
+  penalised.penalties = pen;
+  RequestHandle a = engine.submit(penalised), b = engine.submit(request(prompt_of(7, 9), n));
+  Result ra = drain(a), rb = drain(b);
+  ASSERT_TRUE(ra.done && rb.done);
+  EXPECT_EQ(ra.tokens, want);
+  EXPECT_EQ(rb.tokens, plain) << "the penalties stay on their own row";
+  Request bad = request(prompt, 2);
+  bad.penalties.repetition = 0;
+  EXPECT_THROW(engine.submit(bad), Error);
+}
+
+// Logprobs ride on the token events: the sampled token's and the top N of the raw row, the same
+// alone and batched; under greedy sampling the token is the top one.
+TEST_F(EngineTest, LogprobsComeWithTheTokens) {
+  const std::vector<int32_t> prompt = prompt_of(9, 4);
+  const int n = 5;
+  auto run = [&](std::vector<Request> requests) {
+    Engine engine(model(), {});
+    std::vector<RequestHandle> handles;
+    for (Request& r : requests) handles.push_back(engine.submit(std::move(r)));
+    std::vector<std::vector<TokenLogprobs>> all;
+    for (const RequestHandle& h : handles) {
+      std::vector<TokenLogprobs> lps;
+      auto deadline = std::chrono::steady_clock::now() + 30s;
+      while (std::chrono::steady_clock::now() < deadline) {
+        auto e = h->next(100ms);
+        if (!e) continue;
+        if (e->kind == Event::Kind::Finished) break;
+        EXPECT_TRUE(e->logprobs.has_value() == (&h == &handles[0])) << "logprobs only where asked";
+        if (e->logprobs) {
+          EXPECT_EQ(e->logprobs->top_ids.front(), e->token) << "greedy picks the top token";
+          lps.push_back(*e->logprobs);
+        }
+      }
+      all.push_back(lps);
+    }
+    return all;
+  };
+  Request with = request(prompt, n);
+  with.logprobs = 4;
+  const auto alone = run({with});
+  const auto batched = run({with, request(prompt_of(20, 2), n)});
+  ASSERT_EQ(alone[0].size(), size_t(n));
+  ASSERT_EQ(batched[0].size(), size_t(n));
+  for (int i = 0; i < n; ++i) {
+    const TokenLogprobs& t = alone[0][size_t(i)];
+    ASSERT_EQ(t.top.size(), 4u);
+    EXPECT_EQ(t.chosen, t.top[0]);
+    EXPECT_LE(t.top[0], 0.f);
+    for (size_t k = 1; k < t.top.size(); ++k) EXPECT_LE(t.top[k], t.top[k - 1]);
+    EXPECT_EQ(batched[0][size_t(i)].top_ids, t.top_ids);
+    EXPECT_EQ(batched[0][size_t(i)].top, t.top);
+    EXPECT_EQ(batched[0][size_t(i)].chosen, t.chosen);
+  }
 }
 
 TEST_F(EngineTest, SeededSamplingIsTheSameAloneAndBatched) {

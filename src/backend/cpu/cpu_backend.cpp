@@ -164,4 +164,50 @@ Tensor CpuBackend::sample(const Tensor& logits, const Tensor& params, const Tens
   return out;
 }
 
+void CpuBackend::apply_penalties(Tensor& logits, const Tensor& params, const Tensor& rows, const Tensor& ids,
+                                 const Tensor& counts) {
+  const int64_t R = logits.rows(), n = ids.numel();
+  if (!n || !ids.data) return;
+  DSV4_CHECK(rows.numel() == n && counts.numel() == n && int64_t(params.nbytes()) == R * int64_t(sizeof(PenaltyParams)),
+             "apply_penalties: {} rows of logits, {} entries", R, n);
+  const int vocab = int(logits.numel() / R);
+  const auto* p = static_cast<const PenaltyParams*>(params.data);
+  for (int64_t e = 0; e < n; ++e) {
+    const int32_t r = rows.ptr<int32_t>()[e], id = ids.ptr<int32_t>()[e];
+    DSV4_CHECK(r >= 0 && r < R && id >= 0 && id < vocab, "apply_penalties: entry {} (row {}, token {})", e, r, id);
+    float& l = logits.ptr<float>()[int64_t(r) * vocab + id];
+    l = sampling::penalized_logit(l, p[r], counts.ptr<int32_t>()[e]);
+  }
+}
+
+LogprobRows CpuBackend::logprobs(const Tensor& logits, const Tensor& chosen, int top_n) {
+  const int64_t rows = logits.rows();
+  DSV4_CHECK(chosen.numel() == rows && top_n >= 0 && top_n <= 32, "logprobs: {} rows, {} chosen, top {}", rows, chosen.numel(), top_n);
+  const int vocab = rows ? int(logits.numel() / rows) : 0;
+  LogprobRows out{alloc(DType::F32, {rows}), alloc(DType::I32, {rows, top_n}), alloc(DType::F32, {rows, top_n})};
+  for (int64_t r = 0; r < rows; ++r) {
+    TokenLogprobs t = logprobs_reference(logits.ptr<float>() + r * vocab, vocab, chosen.ptr<int32_t>()[r], std::min(top_n, vocab));
+    out.chosen.ptr<float>()[r] = t.chosen;
+    for (size_t k = 0; k < t.top_ids.size(); ++k) {
+      out.top_ids.ptr<int32_t>()[r * top_n + int64_t(k)] = t.top_ids[k];
+      out.top.ptr<float>()[r * top_n + int64_t(k)] = t.top[k];
+    }
+  }
+  return out;
+}
+
+Tensor CpuBackend::gather_rows(const Tensor& src, const Tensor& rows) {
+  const int64_t n = rows.data ? rows.numel() : 0, src_rows = src.rows();
+  std::vector<int64_t> shape = src.shape;
+  shape[0] = n;
+  Tensor out = alloc(src.dtype, shape);
+  const size_t row_bytes = src_rows ? src.nbytes() / size_t(src_rows) : 0;
+  for (int64_t i = 0; i < n; ++i) {
+    const int32_t r = rows.ptr<int32_t>()[i];
+    DSV4_CHECK(r >= 0 && r < src_rows, "gather_rows: row {} of {}", r, src_rows);
+    std::memcpy(out.ptr<uint8_t>() + size_t(i) * row_bytes, src.ptr<uint8_t>() + size_t(r) * row_bytes, row_bytes);
+  }
+  return out;
+}
+
 }  // namespace dsv4

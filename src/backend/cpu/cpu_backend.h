@@ -14,6 +14,7 @@ class CpuBackend final : public Backend {
   Tensor from_host(DType dtype, std::vector<int64_t> shape, const void* data) override;
   void to_host(const Tensor& t, void* dst) override;
   void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) override;
+  Tensor gather_rows(const Tensor& src, const Tensor& rows) override;
 
   Tensor embed(const Tensor& ids, const uint16_t* table, int dim) override;
   Tensor rms_norm(const Tensor& x, const uint16_t* weight, float eps) override;
@@ -54,6 +55,9 @@ class CpuBackend final : public Backend {
 
   Tensor logits(const Tensor& h, const uint16_t* head, int vocab) override;
   Tensor sample(const Tensor& logits, const Tensor& params, const Tensor& counters) override;
+  void apply_penalties(Tensor& logits, const Tensor& params, const Tensor& rows, const Tensor& ids,
+                       const Tensor& counts) override;
+  LogprobRows logprobs(const Tensor& logits, const Tensor& chosen, int top_n) override;
 };
 
 // Reference numerics shared by the CPU ops and their tests (backend/cpu/cpu_quant.cpp).

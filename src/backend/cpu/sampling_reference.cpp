@@ -3,6 +3,9 @@
 #include "backend/cpu/sampling_reference.h"
 
 #include <algorithm>
+#include <cmath>
+#include <functional>
+#include <limits>
 #include <vector>
 
 #include "core/error.h"
@@ -65,6 +68,43 @@ void sample_reference(const float* logits, int64_t rows, int vocab, const Sampli
   DSV4_CHECK(vocab > 0, "sample_reference: vocab {}", vocab);
   for (int64_t r = 0; r < rows; ++r)
     out[r] = sample_row(logits + r * int64_t(vocab), vocab, params[r], counters[r]);
+}
+
+void apply_penalties_reference(float* logits, int vocab, const PenaltyParams& params, const int32_t* ids,
+                               const int32_t* output_counts, int64_t n) {
+  for (int64_t i = 0; i < n; ++i) {
+    DSV4_CHECK(ids[i] >= 0 && ids[i] < vocab, "apply_penalties: token id {} outside the vocabulary {}", ids[i], vocab);
+    logits[ids[i]] = sampling::penalized_logit(logits[ids[i]], params, output_counts[i]);
+  }
+}
+
+TokenLogprobs logprobs_reference(const float* logits, int vocab, int32_t chosen, int top_n) {
+  using namespace sampling;
+  DSV4_CHECK(vocab > 0 && chosen >= 0 && chosen < vocab && top_n >= 0 && top_n <= vocab,
+             "logprobs: chosen {} / top {} for vocab {}", chosen, top_n, vocab);
+  uint64_t best = 0;
+  for (int i = 0; i < vocab; ++i) best = std::max(best, order_key(logits[i], i));
+  const float max_logit = sanitize_logit(logits[key_token(best)]);
+  const bool finite = std::isfinite(max_logit);
+  double sum = 0;
+  if (finite)
+    for (int i = 0; i < vocab; ++i) sum += std::exp(double(sanitize_logit(logits[i])) - double(max_logit));
+  const double lse = double(max_logit) + std::log(sum);
+  auto logprob = [&](int id) {
+    const float l = sanitize_logit(logits[id]);
+    if (!finite) return l == max_logit ? 0.0f : -std::numeric_limits<float>::infinity();
+    return float(double(l) - lse);
+  };
+  TokenLogprobs out;
+  out.chosen = logprob(chosen);
+  std::vector<uint64_t> keys(static_cast<size_t>(vocab));
+  for (int i = 0; i < vocab; ++i) keys[size_t(i)] = order_key(logits[i], i);
+  std::partial_sort(keys.begin(), keys.begin() + top_n, keys.end(), std::greater<>());
+  for (int k = 0; k < top_n; ++k) {
+    out.top_ids.push_back(key_token(keys[size_t(k)]));
+    out.top.push_back(logprob(out.top_ids.back()));
+  }
+  return out;
 }
 
 }  // namespace dsv4

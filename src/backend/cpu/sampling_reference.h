@@ -39,6 +39,17 @@ namespace dsv4 {
 void sample_reference(const float* logits, int64_t rows, int vocab, const SamplingParams* params,
                       const uint64_t* counters, int32_t* out);
 
+// Penalties on one row (host memory): each listed id's logit through sampling::penalized_logit.
+// ids are distinct and inside the vocabulary (checked).
+void apply_penalties_reference(float* logits, int vocab, const PenaltyParams& params, const int32_t* ids,
+                               const int32_t* output_counts, int64_t n);
+
+// Log-probabilities of one row (host memory), defined as: m = the maximum logit in canonical order
+// (NaN as −inf); when m is not finite, 0 for the tokens equal to m and −inf for the rest; otherwise
+// lse = m + log(Σ_i exp(l_i − m)) in double, logprob_i = float(l_i − lse). The GPU twin takes f32
+// exponentials and sums in another order, so the two agree to ~1e-6, not bit for bit. top_n ≤ vocab.
+TokenLogprobs logprobs_reference(const float* logits, int vocab, int32_t chosen, int top_n);
+
 namespace sampling {
 
 // Explicitly rounded f32 operations: on the GPU the _rn intrinsics (never fused into FMAs); on the
@@ -182,6 +193,18 @@ DSV4_SAMPLING_HD uint64_t scale_draw(uint64_t h, uint64_t M) {
 #else
   return uint64_t((unsigned __int128)h * M >> 64);
 #endif
+}
+
+// One logit under a row's penalties (vLLM's order: repetition, then frequency × output count, then
+// presence), each step an explicitly rounded f32 operation so every backend computes the same
+// bits. output_count = 0 for a token that is only in the prompt: repetition alone applies.
+DSV4_SAMPLING_HD float penalized_logit(float logit, const PenaltyParams& p, int32_t output_count) {
+  if (p.repetition != 1.0f) logit = logit > 0.0f ? div_rn(logit, p.repetition) : mul_rn(logit, p.repetition);
+  if (output_count > 0) {
+    logit = sub_rn(logit, mul_rn(p.frequency, float(output_count)));
+    logit = sub_rn(logit, p.presence);
+  }
+  return logit;
 }
 
 }  // namespace sampling

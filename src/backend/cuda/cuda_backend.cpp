@@ -9,6 +9,7 @@
 #include "backend/cuda/hyper_connection.h"
 #include "backend/cuda/indexer_topk.h"
 #include "backend/cuda/linear.h"
+#include "backend/cuda/logit_processing.h"
 #include "backend/cuda/moe_fp4.h"
 #include "backend/cuda/row_ops.h"
 #include "backend/cuda/sampling.h"
@@ -292,6 +293,41 @@ Tensor CudaBackend::sample(const Tensor& logits, const Tensor& params, const Ten
   sample_tokens(logits.ptr<float>(), rows, vocab, static_cast<const SamplingParams*>(params.data),
                 static_cast<const uint64_t*>(counters.data), ids.ptr<int32_t>(), ws.data, stream());
   return ids;
+}
+
+void CudaBackend::apply_penalties(Tensor& logits, const Tensor& params, const Tensor& rows, const Tensor& ids,
+                                  const Tensor& counts) {
+  const int64_t R = logits.rows(), n = ids.data ? ids.numel() : 0;
+  if (!n) return;
+  DSV4_CHECK(rows.numel() == n && counts.numel() == n && int64_t(params.nbytes()) == R * int64_t(sizeof(PenaltyParams)),
+             "apply_penalties: {} rows of logits, {} entries", R, n);
+  cuda::apply_penalties(logits.ptr<float>(), int(logits.numel() / R), static_cast<const PenaltyParams*>(params.data),
+                        rows.ptr<int32_t>(), ids.ptr<int32_t>(), counts.ptr<int32_t>(), n, stream());
+}
+
+LogprobRows CudaBackend::logprobs(const Tensor& logits, const Tensor& chosen, int top_n) {
+  const int64_t rows = logits.rows();
+  DSV4_CHECK(chosen.numel() == rows && top_n >= 0 && top_n <= cuda::kMaxTopLogprobs, "logprobs: {} rows, {} chosen, top {}",
+             rows, chosen.numel(), top_n);
+  LogprobRows out{alloc(DType::F32, {rows}), alloc(DType::I32, {rows, top_n}), alloc(DType::F32, {rows, top_n})};
+  if (!rows) return out;
+  const int vocab = int(logits.numel() / rows);
+  DSV4_CHECK(top_n <= vocab, "logprobs: top {} of a vocabulary of {}", top_n, vocab);
+  cuda::token_logprobs(logits.ptr<float>(), rows, vocab, chosen.ptr<int32_t>(), top_n, out.chosen.ptr<float>(),
+                       out.top_ids.ptr<int32_t>(), out.top.ptr<float>(), stream());
+  return out;
+}
+
+Tensor CudaBackend::gather_rows(const Tensor& src, const Tensor& rows) {
+  const int64_t n = rows.data ? rows.numel() : 0, src_rows = src.rows();
+  std::vector<int64_t> shape = src.shape;
+  shape[0] = n;
+  Tensor out = alloc(src.dtype, shape);
+  const size_t row_bytes = src_rows ? src.nbytes() / size_t(src_rows) : 0;
+  DSV4_CHECK(row_bytes % 2 == 0, "gather_rows: rows of {} bytes", row_bytes);
+  // A row gather is an embedding lookup over rows of 16-bit words.
+  if (n && row_bytes) embed_rows(rows.ptr<int32_t>(), n, src.ptr<uint16_t>(), int(row_bytes / 2), 1, out.ptr<uint16_t>(), stream());
+  return out;
 }
 
 // ---- hyper-connections ----
