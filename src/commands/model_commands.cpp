@@ -63,8 +63,7 @@ void add_inspect(CLI::App& app) {
   auto dir = std::make_shared<std::string>();
   auto positional = std::make_shared<std::string>();
   cmd->add_option("--model", *dir, "Checkpoint directory (config.json + safetensors)");
-  // The old form `dsv4 inspect DIR`, kept working; not listed in the help.
-  cmd->add_option("dir", *positional, "Checkpoint directory (deprecated: use --model)")->group("");
+  cmd->add_option("dir", *positional, "The old form of --model (deprecated), kept working");
   cmd->callback([dir, positional, cmd] {
     const bool by_option = cmd->count("--model") > 0, by_position = cmd->count("dir") > 0;
     if (by_option && by_position) usage_error("give the checkpoint once: --model DIR");

@@ -12,9 +12,9 @@
 #include <memory>
 #include <sstream>
 
+#include "checkpoint/model_config.h"
 #include "commands/cli_options.h"
 #include "commands/commands.h"
-#include "checkpoint/model_config.h"
 #include "core/error.h"
 #include "serve/tokenizer.h"
 

@@ -111,6 +111,8 @@ TEST(Cli, InspectTakesModelAndKeepsThePositionalForm) {
   expect_result(dsv4("inspect"), 2, {"error: inspect needs --model DIR"});
   expect_result(dsv4("inspect --model " + kModel + " " + kModel), 2, {"error: give the checkpoint once: --model DIR"});
   expect_result(dsv4("inspect --model /nonexistent"), 1, {"error: --model /nonexistent: no such directory"});
+  expect_result(dsv4("inspect --model " + kModel + " --verbose-ish"), 2, {"error: the following argument was not expected: --verbose-ish"});
+  expect_result(dsv4("inspect a b"), 2, {"error: the following argument was not expected: b"});
 }
 
 TEST(Cli, MakeTinyRefusesANonEmptyDirectoryWithoutForce) {
