@@ -2,6 +2,7 @@
 #include <CLI/CLI.hpp>
 #include <fmt/core.h>
 
+#include "commands/cli_options.h"
 #include "commands/commands.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -13,7 +14,10 @@ int main(int argc, char** argv) {
   app.fallthrough();  // global options (--threads, -q, -v) may also follow the command
   int threads = 0;
   bool quiet = false, verbose = false;
-  app.add_option("--threads", threads, "CPU worker threads (default: all cores)");
+  const int cores = dsv4::commands::available_cores();
+  app.set_version_flag("--version", dsv4::commands::version_text, "Print the version, commit, build flags and CUDA architectures");
+  app.add_option("--threads", threads, fmt::format("CPU worker threads, 1 to {} (default: one per core)", cores))
+      ->check(dsv4::commands::integer_in(1, cores, "this machine's cores"));
   app.add_flag("-q,--quiet", quiet, "Only print results and errors");
   app.add_flag("-v,--verbose", verbose, "Print debug messages");
   app.parse_complete_callback([&] {
@@ -29,7 +33,7 @@ int main(int argc, char** argv) {
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {
-    return app.exit(e);
+    return dsv4::commands::report_parse_error(app, e);
   } catch (const dsv4::Error& e) {
     fmt::print(stderr, "error: {}\n", e.what());
     return 1;

@@ -212,6 +212,9 @@ class Backend {
 };
 
 std::unique_ptr<Backend> make_backend(const std::string& name);  // "cpu" | "cuda"
+// Why `--backend cuda` cannot run here, as one line for the user ("" when it can): this build has
+// no CUDA backend, or no CUDA device is visible (with the driver's reason, never a source path).
+std::string cuda_unavailable_reason();
 
 // An I32 tensor with `values` (tests and one-off host metadata).
 Tensor upload_i32(Backend& be, const std::vector<int32_t>& values);

@@ -11,18 +11,28 @@
 
 namespace dsv4 {
 
+std::string cuda_unavailable_reason() {
+#if DSV4_HAVE_CUDA
+  int n = 0;
+  const cudaError_t err = cudaGetDeviceCount(&n);
+  if (err != cudaSuccess) {
+    (void)cudaGetLastError();
+    return std::string("no CUDA device is visible (") + cudaGetErrorString(err) + ")";
+  }
+  if (n == 0) return "no CUDA device is visible";
+  return "";
+#else
+  return "this build has no CUDA backend (configure with -DDSV4_CUDA=ON on a machine with nvcc)";
+#endif
+}
+
 std::unique_ptr<Backend> make_backend(const std::string& name) {
   if (name == "cpu") return std::make_unique<CpuBackend>();
   if (name == "cuda") {
+    const std::string why = cuda_unavailable_reason();
+    if (!why.empty()) fail("--backend cuda: {}; use --backend cpu", why);
 #if DSV4_HAVE_CUDA
-    int n = 0;
-    if (cudaGetDeviceCount(&n) != cudaSuccess || n == 0) {
-      (void)cudaGetLastError();
-      fail("--backend cuda: no CUDA device is visible (use --backend cpu)");
-    }
     return std::make_unique<cuda::CudaBackend>();
-#else
-    fail("--backend cuda: this build has no CUDA backend (configure with -DDSV4_CUDA=ON on a machine with nvcc)");
 #endif
   }
   fail("unknown backend '{}' (cpu or cuda)", name);

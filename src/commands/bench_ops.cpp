@@ -1,6 +1,9 @@
 // `dsv4 bench-ops <op>`: kernel benchmarks (CUDA builds only).
 #include "commands/commands.h"
 
+#include "commands/cli_options.h"
+
+#include "backend/backend.h"
 #include "core/error.h"
 
 #ifdef DSV4_HAVE_CUDA
@@ -12,7 +15,9 @@ namespace dsv4::commands {
 void add_bench_ops_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench-ops", "Benchmark GPU kernels (markdown tables on stdout)");
   auto op = std::make_shared<std::string>();
-  cmd->add_option("op", *op, "Which op: moe | moe-repack | attention | indexer")->required();
+  cmd->add_option("op", *op, "Which op: moe | moe-repack | attention | indexer")
+      ->required()
+      ->check(one_of({"moe", "moe-repack", "attention", "indexer"}));
   cmd->footer(
       "Each table times CUDA-graph replays over rotating weights/caches and reports % of the\n"
       "device-to-device copy bandwidth measured in the same run. Environment variables narrow a run:\n"
@@ -24,12 +29,13 @@ void add_bench_ops_command(CLI::App& app) {
       "  attention: DSV4_ATTN_BENCH_SHAPES=1x1,128x2    batch x s_q\n"
       "             DSV4_ATTN_BENCH_VARIANTS=wgmma      substrings of the variant names (fused,\n"
       "                                                 separate, wgmma, unsplit)\n"
-      "  indexer:   DSV4_INDEXER_BENCH_SHAPES=1x16384x512  batch x keys x k");
+      "  indexer:   DSV4_INDEXER_BENCH_SHAPES=1x16384x512  batch x keys x k\n");
   cmd->callback([op] {
+    // Checked first, so a machine without a GPU gets one line instead of a driver error.
+    const std::string why = cuda_unavailable_reason();
+    if (!why.empty()) fail("bench-ops runs on a GPU: {}", why);
 #ifdef DSV4_HAVE_CUDA
     bench::run_op_benchmark(*op);
-#else
-    fail("bench-ops needs the CUDA backend, which this build does not have (configure with DSV4_CUDA=ON)");
 #endif
   });
 }

@@ -4,7 +4,7 @@
 
 namespace dsv4::commands {
 
-// Model commands (commands/model_commands.cpp): inspect, make-tiny, generate, logits, layer-check.
+// Model commands (commands/model_commands.cpp): inspect, make-tiny, generate, chat, logits, layer-check.
 void add_model_commands(CLI::App& app);
 // Text commands (commands/text_commands.cpp): tokenize, detokenize.
 void add_text_commands(CLI::App& app);
@@ -14,5 +14,11 @@ void add_serve_command(CLI::App& app);
 void add_bench_ops_command(CLI::App& app);
 // Decode-step profile (commands/profile_command.cpp): dsv4 profile.
 void add_profile_command(CLI::App& app);
+// Generation in the terminal, registered by add_model_commands: generate (generate_command.cpp)
+// and the interactive chat (chat_command.cpp).
+void add_generate_command(CLI::App& app);
+void add_chat_command(CLI::App& app);
+// --version: version, commit, build type and flags, CUDA architectures (version.cpp).
+std::string version_text();
 
 }  // namespace dsv4::commands

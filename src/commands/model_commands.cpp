@@ -1,10 +1,9 @@
-// Model commands: inspect, make-tiny, generate, logits, layer-check.
+// Model commands: inspect, make-tiny, logits, layer-check (generate and chat have files of their own).
 #include <fmt/format.h>
 
-#include <chrono>
 #include <filesystem>
-#include <random>
 
+#include "commands/cli_options.h"
 #include "commands/commands.h"
 #include "commands/golden_commands.h"
 #include "core/error.h"
@@ -18,30 +17,6 @@ namespace dsv4::commands {
 namespace fs = std::filesystem;
 
 namespace {
-
-std::vector<int32_t> parse_ids(const std::string& text) {
-  std::vector<int32_t> ids;
-  size_t i = 0;
-  while (i < text.size()) {
-    size_t j = text.find(',', i);
-    if (j == std::string::npos) j = text.size();
-    std::string part = text.substr(i, j - i);
-    try {
-      size_t used = 0;
-      long v = std::stol(part, &used);
-      if (used != part.size() || v < 0 || v > INT32_MAX) throw std::invalid_argument(part);
-      ids.push_back(int32_t(v));
-    } catch (const std::exception&) {
-      fail("'{}' is not a token id (expected comma-separated non-negative integers)", part);
-    }
-    i = j + 1;
-  }
-  return ids;
-}
-
-void add_backend_option(CLI::App* cmd, std::string& backend) {
-  cmd->add_option("--backend", backend, "Compute backend: cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}));
-}
 
 void cmd_inspect(const std::string& dir) {
   auto w = load_model_weights(dir);
@@ -69,107 +44,73 @@ void cmd_inspect(const std::string& dir) {
   }
 }
 
+// make-tiny --force replaces these (and only these) in a non-empty directory, so no file of an
+// earlier checkpoint (an hf_quant_config.json of another format) survives to change what is read.
+constexpr const char* kTinyFiles[] = {"config.json", "model-00001-of-00002.safetensors", "model-00002-of-00002.safetensors",
+                                      "model.safetensors.index.json", "hf_quant_config.json", "tokenizer.json",
+                                      "tokenizer_config.json"};
+
+void prepare_tiny_out_dir(const std::string& dir, bool force) {
+  std::error_code ec;
+  if (!fs::exists(dir, ec)) return;
+  if (!fs::is_directory(dir, ec)) fail("--out {}: a file is in the way (give a directory)", dir);
+  if (fs::is_empty(dir, ec)) return;
+  if (!force) fail("--out {} is not empty: give --force to replace the checkpoint in it, or a new or empty directory", dir);
+  for (const char* name : kTinyFiles) fs::remove(fs::path(dir) / name);
+}
+
+void add_inspect(CLI::App& app) {
+  auto* cmd = app.add_subcommand("inspect", "Validate a checkpoint and print its config, formats and sizes");
+  auto dir = std::make_shared<std::string>();
+  auto positional = std::make_shared<std::string>();
+  cmd->add_option("--model", *dir, "Checkpoint directory (config.json + safetensors)");
+  cmd->add_option("dir", *positional, "The old form of --model (deprecated), kept working");
+  cmd->callback([dir, positional, cmd] {
+    const bool by_option = cmd->count("--model") > 0, by_position = cmd->count("dir") > 0;
+    if (by_option && by_position) usage_error("give the checkpoint once: --model DIR");
+    if (!by_option && !by_position) usage_error("inspect needs --model DIR");
+    if (by_position) log_info("note: 'dsv4 inspect DIR' is deprecated; use 'dsv4 inspect --model DIR'");
+    const std::string& path = by_option ? *dir : *positional;
+    check_model_dir(path);
+    cmd_inspect(path);
+  });
+}
+
+void add_make_tiny(CLI::App& app) {
+  auto* cmd = app.add_subcommand("make-tiny", "Write a random-weight DeepSeek-V4 checkpoint in the official format");
+  auto opts = std::make_shared<TinyModelOptions>();
+  auto sets = std::make_shared<std::vector<std::string>>();
+  auto no_tok = std::make_shared<bool>(false);
+  auto force = std::make_shared<bool>(false);
+  cmd->add_option("--out", opts->out_dir, "Output directory (new or empty, unless --force)")->required();
+  cmd->add_flag("--force", *force, "Write into a non-empty directory, replacing the checkpoint files there");
+  cmd->add_option("--experts-format", opts->experts_format, "Routed experts: mxfp4 (DeepSeek) or nvfp4 (ModelOpt)")
+      ->check(one_of({"mxfp4", "nvfp4"}))
+      ->capture_default_str();
+  cmd->add_option("--seed", opts->seed, "Random seed of the weights")->check(unsigned_64())->capture_default_str();
+  cmd->add_flag("--bf16", opts->bf16, "Write a plain BF16 checkpoint (no FP8 linears, no FP4 experts)");
+  cmd->add_option("--set", *sets, "Config override KEY=VALUE (JSON value), e.g. --set num_hidden_layers=3");
+  cmd->add_flag("--no-tokenizer", *no_tok, "Do not write tokenizer.json next to the weights");
+  cmd->callback([opts, sets, no_tok, force] {
+    for (auto& s : *sets) {
+      auto eq = s.find('=');
+      if (eq == std::string::npos || eq == 0) usage_error("--set expects KEY=VALUE, got '{}'", s);
+      opts->overrides[s.substr(0, eq)] = s.substr(eq + 1);
+    }
+    prepare_tiny_out_dir(opts->out_dir, *force);
+    int n = make_tiny_model(*opts);
+    if (!*no_tok) write_default_tokenizer(opts->out_dir);
+    log_info("wrote {} tensors to {}{}", n, opts->out_dir, *no_tok ? "" : " (with tokenizer.json)");
+  });
+}
+
 }  // namespace
 
 void add_model_commands(CLI::App& app) {
-  {
-    auto* cmd = app.add_subcommand("inspect", "Validate a checkpoint and print its config, formats and sizes");
-    auto dir = std::make_shared<std::string>();
-    cmd->add_option("dir", *dir, "Checkpoint directory (config.json + safetensors)")->required();
-    cmd->callback([dir] { cmd_inspect(*dir); });
-  }
-  {
-    auto* cmd = app.add_subcommand("make-tiny", "Write a random-weight DeepSeek-V4 checkpoint in the official format");
-    auto opts = std::make_shared<TinyModelOptions>();
-    auto sets = std::make_shared<std::vector<std::string>>();
-    auto no_tok = std::make_shared<bool>(false);
-    cmd->add_option("--out", opts->out_dir, "Output directory")->required();
-    cmd->add_option("--experts-format", opts->experts_format, "Routed experts: mxfp4 (DeepSeek) or nvfp4 (ModelOpt)")
-        ->check(CLI::IsMember({"mxfp4", "nvfp4"}));
-    cmd->add_option("--seed", opts->seed, "Random seed");
-    cmd->add_flag("--bf16", opts->bf16, "Write a plain BF16 checkpoint (no FP8 linears, no FP4 experts)");
-    cmd->add_option("--set", *sets, "Config override KEY=VALUE (JSON value), e.g. --set num_hidden_layers=3");
-    cmd->add_flag("--no-tokenizer", *no_tok, "Do not write tokenizer.json next to the weights");
-    cmd->callback([opts, sets, no_tok] {
-      for (auto& s : *sets) {
-        auto eq = s.find('=');
-        if (eq == std::string::npos || eq == 0) fail("--set expects KEY=VALUE, got '{}'", s);
-        opts->overrides[s.substr(0, eq)] = s.substr(eq + 1);
-      }
-      int n = make_tiny_model(*opts);
-      if (!*no_tok) write_default_tokenizer(opts->out_dir);
-      log_info("wrote {} tensors to {}{}", n, opts->out_dir, *no_tok ? "" : " (with tokenizer.json)");
-    });
-  }
-  {
-    auto* cmd = app.add_subcommand("generate", "Generate tokens from a prompt (prints ids, text and tokens/s)");
-    struct Args {
-      std::string model, prompt_ids, prompt, backend = "cpu";
-      int n = 32;
-      SamplingParams sampling;
-      bool ignore_eos = false;
-    };
-    auto a = std::make_shared<Args>();
-    cmd->add_option("--model", a->model, "Checkpoint directory")->required();
-    auto* ids_opt = cmd->add_option("--prompt-ids", a->prompt_ids, "Prompt token ids, e.g. 1,2,3");
-    cmd->add_option("--prompt", a->prompt, "Prompt text (needs tokenizer.json in the model directory)")->excludes(ids_opt);
-    cmd->add_option("-n", a->n, "Tokens to generate")->check(CLI::Range(1, 1 << 20));
-    cmd->add_option("--temperature", a->sampling.temperature, "Sampling temperature (0 = greedy)")
-        ->check(CLI::Range(0.0, 100.0))->capture_default_str();
-    cmd->add_option("--top-p", a->sampling.top_p, "Nucleus sampling mass (1 = off)")->check(CLI::Range(0.0, 1.0))->capture_default_str();
-    cmd->add_option("--top-k", a->sampling.top_k, "Keep the k most likely tokens (0 = off)")->check(CLI::Range(0, 1 << 24))->capture_default_str();
-    cmd->add_option("--min-p", a->sampling.min_p, "Drop tokens below min-p × the top probability (0 = off)")
-        ->check(CLI::Range(0.0, 1.0))->capture_default_str();
-    cmd->add_option("--seed", a->sampling.seed, "Sampling seed")->capture_default_str();
-    cmd->add_flag("--ignore-eos", a->ignore_eos, "Keep generating after the end-of-sequence token");
-    add_backend_option(cmd, a->backend);
-    cmd->callback([a] {
-      std::optional<Tokenizer> tok;
-      if (fs::exists(fs::path(a->model) / "tokenizer.json")) tok = Tokenizer::load(a->model);
-      std::vector<int32_t> prompt;
-      if (!a->prompt_ids.empty()) prompt = parse_ids(a->prompt_ids);
-      else if (!a->prompt.empty()) {
-        if (!tok) fail("--prompt needs {}/tokenizer.json; use --prompt-ids instead", a->model);
-        prompt = tok->encode(a->prompt);
-      } else fail("give --prompt-ids or --prompt");
-      if (prompt.empty()) fail("the prompt is empty");
-      auto m = load_model(a->model, a->backend);
-      SeqId s = m.model->new_sequence();
-      // The backend samples (no logits come back to the host); the draw counter is the index of the
-      // generated token, so a seed gives the same text on every backend.
-      auto item = [&](std::vector<int32_t> tokens, uint64_t counter) {
-        BatchItem b{s, std::move(tokens)};
-        b.return_logits = false;
-        b.sampling = a->sampling;
-        b.sample_counter = counter;
-        return b;
-      };
-      auto t0 = std::chrono::steady_clock::now();
-      StepOutput out = m.model->step({item(prompt, 0)});
-      auto t1 = std::chrono::steady_clock::now();
-      std::vector<int32_t> gen;
-      const int32_t eos = m.model->config().eos_token_id;
-      for (int i = 0; i < a->n; ++i) {
-        const int32_t next = out.tokens[0];
-        gen.push_back(next);
-        if (next == eos && !a->ignore_eos) break;
-        if (i + 1 < a->n) out = m.model->step({item({next}, uint64_t(i + 1))});
-      }
-      auto t2 = std::chrono::steady_clock::now();
-      double prefill = std::chrono::duration<double>(t1 - t0).count(), decode = std::chrono::duration<double>(t2 - t1).count();
-      fmt::print("ids: {}\n", fmt::join(gen, ","));
-      if (tok) {
-        std::vector<int32_t> known;
-        for (auto id : gen)
-          if (tok->is_known(id)) known.push_back(id);
-        fmt::print("text: {}\n", tok->decode(known));
-      }
-      fmt::print("prefill: {} tokens in {:.3f} s ({:.1f} tok/s); decode: {} tokens in {:.3f} s ({:.1f} tok/s)\n", prompt.size(),
-                 prefill, double(prompt.size()) / prefill, gen.size(), decode,
-                 gen.size() > 1 ? double(gen.size() - 1) / decode : 0.0);
-      if (gen.back() == eos && !a->ignore_eos) fmt::print("stopped at the end-of-sequence token\n");
-    });
-  }
+  add_inspect(app);
+  add_make_tiny(app);
+  add_generate_command(app);
+  add_chat_command(app);
   {
     auto* cmd = app.add_subcommand("logits", "Write prefill and teacher-forced decode logits for input files (one batch)");
     struct Args {
@@ -177,12 +118,15 @@ void add_model_commands(CLI::App& app) {
       std::vector<std::string> inputs;
     };
     auto a = std::make_shared<Args>();
-    cmd->add_option("--model", a->model, "Checkpoint directory")->required();
+    add_model_option(cmd, a->model);
     cmd->add_option("--input", a->inputs, "safetensors with prompt_ids I32 [T] and optional decode_ids I32 [N]")->required();
     cmd->add_option("--output-dir", a->out_dir, "Where to write <input name> with prefill_logits / decode_logits")->required();
     cmd->add_option("--dump", a->dump, "Write every named intermediate of the prefill step to this safetensors file");
     add_backend_option(cmd, a->backend);
-    cmd->callback([a] { run_logits_command(a->model, a->inputs, a->out_dir, a->backend, a->dump); });
+    cmd->callback([a] {
+      check_model_dir(a->model);
+      run_logits_command(a->model, a->inputs, a->out_dir, a->backend, a->dump);
+    });
   }
   {
     auto* cmd = app.add_subcommand("layer-check", "Run each block teacher-forced on golden streams and compare per layer");
@@ -191,12 +135,17 @@ void add_model_commands(CLI::App& app) {
       int chunk = 0;
     };
     auto a = std::make_shared<Args>();
-    cmd->add_option("--model", a->model, "Checkpoint directory")->required();
+    add_model_option(cmd, a->model);
     cmd->add_option("--golden", a->golden, "Golden safetensors (prompt_ids, embed_out, layer_out.{i}, ...)")->required();
     cmd->add_option("--output", a->output, "Output safetensors")->required();
-    cmd->add_option("--chunk", a->chunk, "Prefill chunk size (default: the whole prompt)")->check(CLI::Range(1, 1 << 24));
+    cmd->add_option("--chunk", a->chunk, "Prefill chunk size (0: the whole prompt)")
+        ->check(integer_in(0, 1 << 24, "0 = the whole prompt"))
+        ->capture_default_str();
     add_backend_option(cmd, a->backend);
-    cmd->callback([a] { run_layer_check_command(a->model, a->golden, a->output, a->chunk, a->backend); });
+    cmd->callback([a] {
+      check_model_dir(a->model);
+      run_layer_check_command(a->model, a->golden, a->output, a->chunk, a->backend);
+    });
   }
 }
 

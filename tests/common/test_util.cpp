@@ -26,14 +26,27 @@ std::string test_tmp() { return from_env("DSV4_TEST_TMP", DSV4_TEST_TMP); }
 
 std::string test_data_dir(const std::string& built_in) { return from_env("DSV4_TEST_DATA", built_in.c_str()); }
 
+std::string dsv4_binary() { return from_env("DSV4_BINARY", DSV4_BINARY); }
+
 CommandResult run_dsv4(const std::string& args) {
   static int counter = 0;
   const std::string log = (fs::path(test_tmp()) / ("command." + std::to_string(::getpid()) + "." +
                                                    std::to_string(counter++) + ".log")).string();
   fs::create_directories(test_tmp());
-  int rc = std::system((from_env("DSV4_BINARY", DSV4_BINARY) + " " + args + " >" + log + " 2>&1").c_str());
+  int rc = std::system((dsv4_binary() + " " + args + " >" + log + " 2>&1").c_str());
   CommandResult r{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, read_text(log)};
   fs::remove(log);
+  return r;
+}
+
+SplitResult run_dsv4_split(const std::string& args) {
+  static int counter = 0;
+  const std::string base = (fs::path(test_tmp()) / ("split." + std::to_string(::getpid()) + "." + std::to_string(counter++))).string();
+  fs::create_directories(test_tmp());
+  int rc = std::system((dsv4_binary() + " " + args + " >" + base + ".out 2>" + base + ".err").c_str());
+  SplitResult r{WIFEXITED(rc) ? WEXITSTATUS(rc) : -1, read_text(base + ".out"), read_text(base + ".err")};
+  fs::remove(base + ".out");
+  fs::remove(base + ".err");
   return r;
 }
 

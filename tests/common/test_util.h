@@ -17,6 +17,13 @@ std::string test_data_dir(const std::string& built_in);
 // Runs the dsv4 binary with `args` (a shell command line fragment); $DSV4_BINARY overrides the
 // build's binary.
 CommandResult run_dsv4(const std::string& args);
+std::string dsv4_binary();  // the binary run_dsv4 runs
+struct SplitResult {
+  int rc = -1;
+  std::string out, err;  // stdout, stderr
+};
+// The same with stdout and stderr kept apart.
+SplitResult run_dsv4_split(const std::string& args);
 std::string read_text(const std::string& path);
 void write_text(const std::string& path, const std::string& text);
 // A fresh empty directory under the build tree's test area.

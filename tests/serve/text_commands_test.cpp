@@ -52,14 +52,33 @@ TEST(TextCommands, BadInputIsAClearError) {
   Result r = run("detokenize 1,999999");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("error: token id 999999"), std::string::npos) << r.output;
-  r = run("detokenize 1,x");
-  EXPECT_EQ(r.exit_code, 1);
+  r = run("detokenize 1,x");  // a bad argument is a usage error
+  EXPECT_EQ(r.exit_code, 2);
   EXPECT_NE(r.output.find("'x' is not a token id"), std::string::npos) << r.output;
+  // The id-list syntax generate uses: an empty item is an error (from an argument or stdin).
+  r = run("detokenize 1,,2");
+  EXPECT_EQ(r.exit_code, 2);
+  EXPECT_NE(r.output.find("error: IDS: an empty item in '1,,2'"), std::string::npos) << r.output;
+  const auto file = std::filesystem::temp_directory_path() / "dsv4_text_commands_test_bad_ids.txt";
+  std::ofstream(file) << "1,,2\n";
+  r = run("detokenize < " + file.string());
+  std::filesystem::remove(file);
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("error: standard input: an empty item in '1,,2"), std::string::npos) << r.output;
   r = run("tokenize --tokenizer /nonexistent/dir hello");
   EXPECT_EQ(r.exit_code, 1);
   EXPECT_NE(r.output.find("cannot read tokenizer file"), std::string::npos) << r.output;
   r = run("tokenize --file /etc/hostname word");
   EXPECT_NE(r.exit_code, 0);
+}
+
+// Ids past the tokenizer (128,846 with the default one) but inside DeepSeek-V4's vocabulary
+// (129,280) are the embedding's padding rows: printed as <id:N>, as generate and chat print them.
+TEST(TextCommands, IdsPastTheTokenizerArePrintedAsMarkers) {
+  EXPECT_EQ(run("detokenize 19923,128846,129279,3").output, "Hello<id:128846><id:129279>!");
+  const Result r = run("detokenize 129280");
+  EXPECT_EQ(r.exit_code, 1);
+  EXPECT_NE(r.output.find("error: token id 129280 is outside the vocabulary (ids below 129280)"), std::string::npos) << r.output;
 }
 
 TEST(TextCommands, HelpDescribesTheCommands) {

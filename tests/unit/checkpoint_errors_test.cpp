@@ -46,7 +46,7 @@ class BadCheckpoint : public ::testing::Test {
     edit(ts);
     write_safetensors(shard(1), ts);
   }
-  Result inspect() { return dsv4("inspect " + dir_); }
+  Result inspect() { return dsv4("inspect --model " + dir_); }
   static void expect_error(const Result& r, std::initializer_list<const char*> parts) {
     EXPECT_NE(r.rc, 0) << r.out;
     EXPECT_EQ(r.out.rfind("error: ", 0), 0u) << r.out;
@@ -165,7 +165,7 @@ TEST_F(BadCheckpoint, ConfigFieldMissing) {
 }
 
 TEST_F(BadCheckpoint, NotACheckpoint) {
-  expect_error(dsv4("inspect " + dir_ + "/nope"), {"not a directory"});
+  expect_error(dsv4("inspect --model " + dir_ + "/nope"), {"no such directory"});
   fs::remove(dir_ + "/config.json");
   expect_error(inspect(), {"config.json is missing"});
 }

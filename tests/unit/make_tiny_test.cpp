@@ -28,14 +28,14 @@ TEST(MakeTiny, BothFormatsLoadGenerateAndAgree) {
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_TRUE(fs::exists(root + "/nv/hf_quant_config.json"));
 
-  r = dsv4("inspect " + root + "/nv");
+  r = dsv4("inspect --model " + root + "/nv");
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("nvfp4"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("in 3 of 3 main layers"), std::string::npos) << r.out;
 
-  r = dsv4("generate --model " + root + "/mx --prompt-ids 5,6,7,8 -n 4");
+  r = dsv4("generate --model " + root + "/mx --prompt-ids 5,6,7,8 -n 4 --ids");
   ASSERT_EQ(r.rc, 0) << r.out;
-  EXPECT_NE(r.out.find("ids: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("decode: 4 tokens"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("tok/s"), std::string::npos) << r.out;
 
   std::vector<int32_t> prompt;
@@ -65,13 +65,13 @@ TEST(MakeTiny, PlainBf16CheckpointLoadsAndRuns) {
   const std::string dir = fresh_dir("make_tiny_bf16") + "/model";
   CommandResult r = dsv4("make-tiny --bf16 --no-tokenizer --seed 3 --set vocab_size=1024 --set num_hidden_layers=3 --out " + dir);
   ASSERT_EQ(r.rc, 0) << r.out;
-  r = dsv4("inspect " + dir);
+  r = dsv4("inspect --model " + dir);
   ASSERT_EQ(r.rc, 0) << r.out;
   EXPECT_NE(r.out.find("linears (attention, shared experts, MTP projections): bf16"), std::string::npos) << r.out;
   EXPECT_NE(r.out.find("routed experts: bf16"), std::string::npos) << r.out;
-  r = dsv4("generate --model " + dir + " --prompt-ids 5,6,7,8,9 -n 8");
+  r = dsv4("generate --model " + dir + " --prompt-ids 5,6,7,8,9 -n 8 --ids");
   ASSERT_EQ(r.rc, 0) << r.out;
-  EXPECT_NE(r.out.find("ids: "), std::string::npos) << r.out;
+  EXPECT_NE(r.out.find("decode: 8 tokens"), std::string::npos) << r.out;
 }
 
 TEST(Generate, StopsAtEndOfSequence) {
@@ -80,26 +80,24 @@ TEST(Generate, StopsAtEndOfSequence) {
   const std::string common = " --no-tokenizer --seed 21 --set vocab_size=1024 --set num_hidden_layers=2";
   CommandResult r = dsv4("make-tiny --out " + root + "/a" + common);
   ASSERT_EQ(r.rc, 0) << r.out;
-  r = dsv4("generate --model " + root + "/a --prompt-ids 9,8,7 -n 4 --ignore-eos");
-  ASSERT_EQ(r.rc, 0) << r.out;
-  size_t at = r.out.find("ids: ");
-  ASSERT_NE(at, std::string::npos) << r.out;
+  test::SplitResult split = test::run_dsv4_split("generate --model " + root + "/a --prompt-ids 9,8,7 -n 4 --ignore-eos --ids");
+  ASSERT_EQ(split.rc, 0) << split.err;
   std::vector<int> ids;
-  std::stringstream ss(r.out.substr(at + 5, r.out.find('\n', at) - at - 5));
+  std::stringstream ss(split.out);
   for (std::string part; std::getline(ss, part, ',');) ids.push_back(std::stoi(part));
   ASSERT_EQ(ids.size(), 4u);
   size_t first_eos = std::find(ids.begin(), ids.end(), ids[1]) - ids.begin();  // ids[1] may repeat ids[0]
   r = dsv4("make-tiny --out " + root + "/b" + common + " --set eos_token_id=" + std::to_string(ids[1]));
   ASSERT_EQ(r.rc, 0) << r.out;
-  r = dsv4("generate --model " + root + "/b --prompt-ids 9,8,7 -n 4");
-  ASSERT_EQ(r.rc, 0) << r.out;
-  std::string want = "ids: ";
+  split = test::run_dsv4_split("generate --model " + root + "/b --prompt-ids 9,8,7 -n 4 --ids");
+  ASSERT_EQ(split.rc, 0) << split.err;
+  std::string want;
   for (size_t i = 0; i <= first_eos; ++i) {
     if (i) want += ",";
     want += std::to_string(ids[i]);
   }
-  EXPECT_NE(r.out.find(want + "\n"), std::string::npos) << r.out;
-  EXPECT_NE(r.out.find("stopped at the end-of-sequence token"), std::string::npos) << r.out;
+  EXPECT_EQ(split.out, want + "\n");
+  EXPECT_NE(split.err.find("stopped at the end-of-sequence token"), std::string::npos) << split.err;
 }
 
 TEST(Generate, RejectsBadInput) {
