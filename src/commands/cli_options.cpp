@@ -126,11 +126,12 @@ int available_cores() {
 }
 
 CLI::Option* add_model_option(CLI::App* cmd, std::string& dir) {
-  return cmd->add_option("--model", dir, "Checkpoint directory (config.json, safetensors; tokenizer.json for text)")
+  return cmd->add_option("--model", dir, "Checkpoint directory (config.json, safetensors; tokenizer.json for text), or synthetic:flash[,layers=N,experts=nvfp4,seed=K] / synthetic:tiny for random weights of that shape")
       ->required();
 }
 
 void check_model_dir(const std::string& dir) {
+  if (dir.rfind("synthetic:", 0) == 0) return;  // a generated model (model/synthetic.h), checked as it is built
   std::error_code ec;
   if (!fs::exists(dir, ec)) fail("--model {}: no such directory", dir);
   if (!fs::is_directory(dir, ec)) fail("--model {}: not a directory", dir);
