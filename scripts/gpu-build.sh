@@ -13,6 +13,9 @@ cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 rm -rf gpu-bin && mkdir -p gpu-bin
 cp "$build/src/dsv4" gpu-bin/
 for t in "${targets[@]:1}"; do cp "$build/tests/"*/"$t" gpu-bin/; done
+# Shared libraries of Debian -dev packages the GPU machine may lack (cpp-httplib): next to the binaries.
+mkdir -p gpu-bin/lib
+for lib in $(ldd gpu-bin/dsv4 | awk '/libcpp-httplib/ {print $3}'); do cp -L "$lib" gpu-bin/lib/; done
 # The call that carries gpu-bin/ to a GPU machine has a size limit: no symbols.
 strip gpu-bin/dsv4 gpu-bin/*_test 2>/dev/null || true
 # The machine that runs gpu-bin/ may have no git history: record what was built.

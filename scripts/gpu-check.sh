@@ -20,6 +20,7 @@ if [ ! -x "$bin/dsv4" ]; then
   scripts/gpu-build.sh || { echo "build failed"; exit 1; }
   bin=gpu-bin
 fi
+export LD_LIBRARY_PATH="$PWD/$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # gpu-build.sh's copies of -dev libraries
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv | tee "$out/gpu.txt"
 if [ -f "$bin/COMMIT" ]; then commit=$(cat "$bin/COMMIT"); else commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"; fi
 echo "binaries built from commit $commit" | tee -a "$out/gpu.txt"

@@ -199,6 +199,7 @@ DSV4_SAMPLING_HD uint64_t scale_draw(uint64_t h, uint64_t M) {
 // presence), each step an explicitly rounded f32 operation so every backend computes the same
 // bits. output_count = 0 for a token that is only in the prompt: repetition alone applies.
 DSV4_SAMPLING_HD float penalized_logit(float logit, const PenaltyParams& p, int32_t output_count) {
+  if (logit != logit) return logit;  // NaN stays the same NaN: arithmetic would canonicalise it differently per target
   if (p.repetition != 1.0f) logit = logit > 0.0f ? div_rn(logit, p.repetition) : mul_rn(logit, p.repetition);
   if (output_count > 0) {
     logit = sub_rn(logit, mul_rn(p.frequency, float(output_count)));
