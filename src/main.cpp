@@ -24,6 +24,7 @@ int main(int argc, char** argv) {
   dsv4::commands::add_model_commands(app);
   dsv4::commands::add_text_commands(app);
   dsv4::commands::add_bench_ops_command(app);
+  dsv4::commands::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

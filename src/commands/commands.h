@@ -10,5 +10,7 @@ void add_model_commands(CLI::App& app);
 void add_text_commands(CLI::App& app);
 // Op benchmarks (commands/bench_ops.cpp): bench-ops moe|attention|indexer.
 void add_bench_ops_command(CLI::App& app);
+// Benchmarks (commands/bench_command.cpp): bench serve|sweep|latency.
+void add_bench_command(CLI::App& app);
 
 }  // namespace dsv4::commands
