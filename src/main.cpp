@@ -23,6 +23,7 @@ int main(int argc, char** argv) {
   });
   dsv4::commands::add_model_commands(app);
   dsv4::commands::add_text_commands(app);
+  dsv4::commands::add_serve_command(app);
   dsv4::commands::add_bench_ops_command(app);
   dsv4::commands::add_bench_command(app);
   try {

@@ -8,6 +8,8 @@ namespace dsv4::commands {
 void add_model_commands(CLI::App& app);
 // Text commands (commands/text_commands.cpp): tokenize, detokenize.
 void add_text_commands(CLI::App& app);
+// The OpenAI-compatible server (commands/serve_command.cpp): serve.
+void add_serve_command(CLI::App& app);
 // Op benchmarks (commands/bench_ops.cpp): bench-ops moe|attention|indexer.
 void add_bench_ops_command(CLI::App& app);
 // Benchmarks (commands/bench_command.cpp): bench serve|sweep|latency.

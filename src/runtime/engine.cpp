@@ -109,6 +109,9 @@ void Engine::loop() {
         scheduler_.finish(*e->seq, reason);  // frees its pages now, before any further step
         publish(e);
       }
+      // New arrivals and cancellations show in stats() now, not only after the next step (which
+      // may take a while): a cancelled request's freed pages are visible at once.
+      if (!inbox.empty() || !commands.empty()) refresh_stats();
       if (stopping && (mode == Shutdown::Cancel || stalled)) {
         finish_all(FinishReason::Cancelled, {});
         refresh_stats();
@@ -165,6 +168,7 @@ void Engine::publish(const std::shared_ptr<Entry>& e) {
   for (; e->emitted < seq.generated.size(); ++e->emitted) {
     Event ev;
     ev.token = seq.generated[e->emitted];
+    ev.is_stop_token = seq.finished() && seq.stop_token >= 0 && e->emitted + 1 == seq.generated.size();
     e->stream->push(std::move(ev));
   }
   if (!seq.finished()) return;

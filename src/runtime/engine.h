@@ -24,6 +24,10 @@ struct Usage {
 struct Event {
   enum class Kind { Token, Finished } kind = Kind::Token;
   int32_t token = -1;                         // Token: the sampled id
+  // Token: this is the EOS / stop token that finishes the request. Set on the token itself (not
+  // only on the Finished event after it) so a streaming reader can leave its text out of the
+  // output without waiting for the next event.
+  bool is_stop_token = false;
   FinishReason reason = FinishReason::None;   // Finished: why
   std::string error;                          // Finished with FinishReason::Error
   int32_t stop_token = -1;                    // Finished by EOS / a stop token: that id (also the last Token)

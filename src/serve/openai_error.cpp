@@ -11,6 +11,7 @@ int http_status(ErrorKind kind) {
     case ErrorKind::NotFound: return 404;
     case ErrorKind::TooLarge: return 413;
     case ErrorKind::Unavailable: return 503;
+    case ErrorKind::Internal: return 500;
   }
   return 500;
 }
@@ -24,6 +25,7 @@ std::string_view default_code(ErrorKind kind) {
     case ErrorKind::NotFound: return "not_found";
     case ErrorKind::TooLarge: return "request_too_large";
     case ErrorKind::Unavailable: return "service_unavailable";
+    case ErrorKind::Internal: return "internal_error";
   }
   return "";
 }
@@ -37,7 +39,7 @@ nlohmann::ordered_json string_or_null(std::string_view text) {
 nlohmann::ordered_json error_json(const ApiError& error) {
   nlohmann::ordered_json body;
   body["message"] = error.message;
-  body["type"] = error.kind == ErrorKind::Unavailable ? "server_error" : "invalid_request_error";
+  body["type"] = error.kind == ErrorKind::Unavailable || error.kind == ErrorKind::Internal ? "server_error" : "invalid_request_error";
   body["param"] = string_or_null(error.param);
   body["code"] = string_or_null(error.code.empty() ? default_code(error.kind) : std::string_view(error.code));
   nlohmann::ordered_json wrapper;
@@ -68,6 +70,8 @@ ApiError body_too_large(size_t limit_bytes) {
 }
 
 ApiError unavailable(std::string message) { return {ErrorKind::Unavailable, std::move(message), {}, {}}; }
+
+ApiError internal_error(std::string message) { return {ErrorKind::Internal, std::move(message), {}, {}}; }
 
 std::string dump_json(const nlohmann::ordered_json& value) {
   return value.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::replace);

@@ -14,6 +14,7 @@ enum class ErrorKind {
   NotFound,      // 404: unknown model or route
   TooLarge,      // 413: body over the server's limit
   Unavailable,   // 503: still loading, or over capacity
+  Internal,      // 500: the engine failed while serving the request (a bug, never the client's input)
 };
 
 struct ApiError {
@@ -26,7 +27,7 @@ struct ApiError {
 int http_status(ErrorKind kind);
 
 // {"error": {"message", "type", "param", "code"}}. type is "invalid_request_error" for client
-// errors (as OpenAI answers 400, 401, 404 and 413 alike) and "server_error" for 503.
+// errors (as OpenAI answers 400, 401, 404 and 413 alike) and "server_error" for 500 and 503.
 nlohmann::ordered_json error_json(const ApiError& error);
 std::string error_body(const ApiError& error);  // error_json as text
 
@@ -37,6 +38,7 @@ ApiError model_not_found(std::string_view model);
 ApiError route_not_found(std::string_view method, std::string_view path);
 ApiError body_too_large(size_t limit_bytes);
 ApiError unavailable(std::string message);
+ApiError internal_error(std::string message);
 
 // Serialises model-produced text safely: invalid UTF-8 becomes U+FFFD instead of an exception.
 std::string dump_json(const nlohmann::ordered_json& value);

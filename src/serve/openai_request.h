@@ -89,6 +89,24 @@ struct CompletionRequest {
 Parsed<ChatRequest> parse_chat_request(std::string_view body, const RequestLimits& limits);
 Parsed<CompletionRequest> parse_completion_request(std::string_view body, const RequestLimits& limits);
 
+// POST /tokenize (vLLM's extension): either a chat body ("messages", encoded as for
+// /v1/chat/completions) or {"prompt": text, "add_special_tokens": true (BOS first)}; with
+// "return_token_strs" the answer also lists each token's text.
+struct TokenizeRequest {
+  std::string model;
+  std::optional<ChatRequest> chat;  // given "messages": its encoded prompt is tokenized
+  std::string prompt;
+  bool add_special_tokens = true;
+  bool return_token_strs = false;
+};
+// POST /detokenize: {"tokens": [id, ...]}.
+struct DetokenizeRequest {
+  std::string model;
+  std::vector<int32_t> tokens;
+};
+Parsed<TokenizeRequest> parse_tokenize_request(std::string_view body, const RequestLimits& limits);
+Parsed<DetokenizeRequest> parse_detokenize_request(std::string_view body, const RequestLimits& limits);
+
 // After tokenization: checks prompt + max_tokens against max_model_len (vLLM's messages) and
 // fills max_tokens when the request left it open (the rest of the context). prompt_param names
 // the field the prompt came from ("messages" or "prompt").

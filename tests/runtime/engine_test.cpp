@@ -61,6 +61,7 @@ class EngineTest : public ::testing::Test {
 
   struct Result {
     std::vector<int32_t> tokens;
+    std::vector<size_t> stop_flagged;  // indices of tokens delivered with is_stop_token
     Event fin;
     bool done = false;
   };
@@ -76,6 +77,7 @@ class EngineTest : public ::testing::Test {
         r.done = true;
         break;
       }
+      if (e->is_stop_token) r.stop_flagged.push_back(r.tokens.size());
       r.tokens.push_back(e->token);
     }
     return r;
@@ -178,6 +180,7 @@ TEST_F(EngineTest, StopConditions) {
   ASSERT_TRUE(r.done);
   EXPECT_EQ(r.fin.reason, FinishReason::Length);
   EXPECT_EQ(r.tokens, std::vector<int32_t>(g.begin(), g.begin() + 3));
+  EXPECT_TRUE(r.stop_flagged.empty());
   // stop token ids: stops at the first occurrence, which is delivered and named
   const size_t at = size_t(std::find(g.begin(), g.end(), g[2]) - g.begin());
   Request q = request(prompt, 8);
@@ -187,6 +190,7 @@ TEST_F(EngineTest, StopConditions) {
   EXPECT_EQ(r.fin.reason, FinishReason::Stop);
   EXPECT_EQ(r.fin.stop_token, g[2]);
   EXPECT_EQ(r.tokens, std::vector<int32_t>(g.begin(), g.begin() + long(at) + 1));
+  EXPECT_EQ(r.stop_flagged, std::vector<size_t>{at}) << "the stop token itself says it ends the request";
   // min_tokens: a stop token before it is an ordinary token
   q.stop.min_tokens = int64_t(at) + 2;
   r = drain(plain.submit(q));
@@ -196,6 +200,8 @@ TEST_F(EngineTest, StopConditions) {
   std::vector<int32_t> want(g.begin(), g.begin() + long(std::min(next + 1, g.size())));
   EXPECT_EQ(r.tokens, want);
   EXPECT_EQ(r.fin.reason, next < g.size() ? FinishReason::Stop : FinishReason::Length);
+  EXPECT_EQ(r.stop_flagged, next < g.size() ? std::vector<size_t>{next} : std::vector<size_t>{})
+      << "a stop token before min_tokens is an ordinary token";
   plain.shutdown();
 
   // EOS (the engine's EOS ids) and ignore_eos
@@ -219,6 +225,7 @@ TEST_F(EngineTest, StopConditions) {
   ASSERT_TRUE(r.done);
   EXPECT_EQ(r.fin.reason, FinishReason::Stop);
   EXPECT_EQ(r.fin.stop_token, -1);
+  EXPECT_TRUE(r.stop_flagged.empty()) << "a caller's stop flags no token";
 }
 
 TEST_F(EngineTest, InvalidRequestsFailAtSubmit) {
