@@ -9,7 +9,8 @@
 #
 # The last line of bench-results/LABEL/sweep.log is always ALL_DONE_LABEL (after a failure too);
 # the line before it is "status: ok" or "status: failed: ...". The exit status says the same.
-# Environment: DSV4 (the binary; default build/src/dsv4), HOST (127.0.0.1), PORT (8000),
+# Environment: DSV4 (the binary; default build/src/dsv4), RESULTS (the folder of the LABEL
+# folders; bench-results), HOST (127.0.0.1), PORT (8000),
 # READY_TIMEOUT (seconds to wait for a started server; 1800), SWEEP_ARGS (more `bench sweep`
 # options, e.g. "--endpoint /v1/chat/completions --random-input-len 1024 --random-output-len 256").
 set -uo pipefail
@@ -23,7 +24,7 @@ shift
 dsv4=${DSV4:-build/src/dsv4}
 host=${HOST:-127.0.0.1}
 port=${PORT:-8000}
-out=bench-results/$label
+out=${RESULTS:-bench-results}/$label
 mkdir -p "$out"
 log=$out/sweep.log
 : >"$log"
@@ -73,17 +74,20 @@ fi
 "$dsv4" bench sweep --base-url "http://$host:$port" --label "$label" --result-dir "$out" \
   --ready-timeout "$ready_timeout" ${SWEEP_ARGS:-} >"$out/bench.log" 2>&1 &
 sweep_pid=$!
+server_died=0
 while kill -0 "$sweep_pid" 2>/dev/null; do
   if [ -n "$server_pid" ] && ! kill -0 "$server_pid" 2>/dev/null; then
     kill "$sweep_pid" 2>/dev/null
     wait "$sweep_pid" 2>/dev/null
     finish "the server exited (see $out/server.log)"
+    server_died=1
     break
   fi
   sleep 1
 done
 wait "$sweep_pid" 2>/dev/null
 status=$?
+[ "$server_died" = 1 ] && status=1
 sweep_pid=""
 finish "bench sweep exited with status $status (see $out/bench.log)"
 [ "$(tail -n 2 "$log" | head -n 1)" = "status: ok" ] || [ "$status" -ne 0 ] || status=1
