@@ -30,6 +30,7 @@ int main(int argc, char** argv) {
   dsv4::commands::add_serve_command(app);
   dsv4::commands::add_bench_ops_command(app);
   dsv4::commands::add_profile_command(app);
+  dsv4::commands::add_bench_command(app);
   try {
     app.parse(argc, argv);
   } catch (const CLI::ParseError& e) {

@@ -20,5 +20,7 @@ void add_generate_command(CLI::App& app);
 void add_chat_command(CLI::App& app);
 // --version: version, commit, build type and flags, CUDA architectures (version.cpp).
 std::string version_text();
+// Benchmarks (commands/bench_command.cpp): bench serve|sweep|latency.
+void add_bench_command(CLI::App& app);
 
 }  // namespace dsv4::commands
