@@ -128,6 +128,13 @@ class Backend {
   virtual void begin_capture();
   virtual std::unique_ptr<CapturedWork> end_capture();
   virtual void replay(const CapturedWork& work);
+  // Profiling (backend/profiling_backend.h): mark() records a point in the backend's queue of work
+  // and returns its index; once the work ran (synchronize), elapsed_ms(a, b) is the time between
+  // two marks. The default is the host's clock, right for a backend whose ops run as they are
+  // called. clear_marks() forgets them. Not while capturing.
+  virtual int mark();
+  virtual double elapsed_ms(int from, int to);
+  virtual void clear_marks();
 
   // Memory.
   virtual Tensor alloc(DType dtype, std::vector<int64_t> shape) = 0;
@@ -209,6 +216,9 @@ class Backend {
   // Per row of f32 logits [rows, V]: the logprob of chosen[r] (I32 [rows]) and of the row's top_n
   // (≤ 32) tokens (cpu/sampling_reference.h: logprobs_reference; agreement to rounding).
   virtual LogprobRows logprobs(const Tensor& logits, const Tensor& chosen, int top_n) = 0;
+
+ private:
+  std::vector<double> host_marks_ms_;
 };
 
 std::unique_ptr<Backend> make_backend(const std::string& name);  // "cpu" | "cuda"

@@ -150,17 +150,28 @@ TensorOut make_tensor_out(std::string name, DType dtype, std::vector<int64_t> sh
   return t;
 }
 
-void write_safetensors(const std::string& path, const std::vector<TensorOut>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+namespace {
+
+// One tensor as written: a view of its bytes.
+struct TensorBytes {
+  const std::string& name;
+  DType dtype;
+  const std::vector<int64_t>& shape;
+  const uint8_t* data;
+  size_t size;
+};
+
+void write_tensors(const std::string& path, const std::vector<TensorBytes>& tensors,
+                   const std::map<std::string, std::string>& metadata) {
   json header = json::object();
   if (!metadata.empty()) header["__metadata__"] = metadata;
   size_t offset = 0;
   for (auto& t : tensors) {
     size_t expect = dtype_size(t.dtype);
     for (auto d : t.shape) expect *= size_t(d);
-    if (expect != t.bytes.size()) fail("write {}: tensor {} has {} bytes, shape needs {}", path, t.name, t.bytes.size(), expect);
-    header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.bytes.size()}}};
-    offset += t.bytes.size();
+    if (expect != t.size) fail("write {}: tensor {} has {} bytes, shape needs {}", path, t.name, t.size, expect);
+    header[t.name] = {{"dtype", std::string(dtype_name(t.dtype))}, {"shape", t.shape}, {"data_offsets", {offset, offset + t.size}}};
+    offset += t.size;
   }
   std::string h = header.dump();
   while ((h.size() + 8) % 8) h.push_back(' ');  // keep the data section 8-byte aligned
@@ -169,8 +180,24 @@ void write_safetensors(const std::string& path, const std::vector<TensorOut>& te
   uint64_t len = h.size();
   out.write(reinterpret_cast<const char*>(&len), 8);
   out.write(h.data(), std::streamsize(h.size()));
-  for (auto& t : tensors) out.write(reinterpret_cast<const char*>(t.bytes.data()), std::streamsize(t.bytes.size()));
+  for (auto& t : tensors) out.write(reinterpret_cast<const char*>(t.data), std::streamsize(t.size));
   if (!out) fail("{}: write failed", path);
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<TensorOut>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorBytes> v;
+  for (auto& t : tensors) v.push_back({t.name, t.dtype, t.shape, t.bytes.data(), t.bytes.size()});
+  write_tensors(path, v, metadata);
+}
+
+void write_safetensors(const std::string& path, const std::vector<const TensorRef*>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  std::vector<TensorBytes> v;
+  for (const TensorRef* t : tensors) v.push_back({t->name, t->dtype, t->shape, t->data, t->nbytes});
+  write_tensors(path, v, metadata);
 }
 
 }  // namespace dsv4

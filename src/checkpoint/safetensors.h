@@ -70,5 +70,8 @@ TensorOut make_tensor_out(std::string name, DType dtype, std::vector<int64_t> sh
 
 void write_safetensors(const std::string& path, const std::vector<TensorOut>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
+// The same from views (bytes owned elsewhere): nothing is copied before the write.
+void write_safetensors(const std::string& path, const std::vector<const TensorRef*>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
 
 }  // namespace dsv4

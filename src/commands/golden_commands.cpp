@@ -16,9 +16,13 @@ namespace dsv4::commands {
 namespace fs = std::filesystem;
 
 LoadedModel load_model(const std::string& dir, const std::string& backend_name) {
+  return load_model(dir, make_backend(backend_name));
+}
+
+LoadedModel load_model(const std::string& dir, std::unique_ptr<Backend> backend) {
   auto t0 = std::chrono::steady_clock::now();
   LoadedModel m;
-  m.backend = make_backend(backend_name);
+  m.backend = std::move(backend);
   auto weights = load_model_weights(dir, m.backend.get());
   const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   log_info("loaded {} ({} tensors, {:.1f} MB) in {:.2f} s ({:.2f} GB/s)", dir, weights->tensors_bound,

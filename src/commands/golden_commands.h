@@ -15,6 +15,8 @@ struct LoadedModel {
 };
 // Loads DIR on the named backend and logs what was detected for each weight class.
 LoadedModel load_model(const std::string& dir, const std::string& backend_name);
+// The same on a backend already made (a ProfilingBackend around one, say).
+LoadedModel load_model(const std::string& dir, std::unique_ptr<Backend> backend);
 
 // `dsv4 logits`: all inputs in one batch; prefill logits for every prompt position, then one
 // teacher-forced decode step at a time.

@@ -10,6 +10,7 @@
 #include "core/log.h"
 #include "model/dsv4.h"
 #include "model/make_tiny.h"
+#include "model/synthetic.h"
 #include "serve/tokenizer.h"
 
 namespace dsv4::commands {
@@ -57,6 +58,13 @@ void prepare_tiny_out_dir(const std::string& dir, bool force) {
   if (fs::is_empty(dir, ec)) return;
   if (!force) fail("--out {} is not empty: give --force to replace the checkpoint in it, or a new or empty directory", dir);
   for (const char* name : kTinyFiles) fs::remove(fs::path(dir) / name);
+  // The shards of a --like checkpoint (model-0000i-of-0000n.safetensors).
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string n = e.path().filename().string();
+    if (n.rfind("model-", 0) == 0 && n.find("-of-") != std::string::npos && n.size() > 12 &&
+        n.compare(n.size() - 12, 12, ".safetensors") == 0)
+      fs::remove(e.path());
+  }
 }
 
 void add_inspect(CLI::App& app) {
@@ -82,7 +90,11 @@ void add_make_tiny(CLI::App& app) {
   auto sets = std::make_shared<std::vector<std::string>>();
   auto no_tok = std::make_shared<bool>(false);
   auto force = std::make_shared<bool>(false);
+  auto like = std::make_shared<std::string>();
   cmd->add_option("--out", opts->out_dir, "Output directory (new or empty, unless --force)")->required();
+  cmd->add_option("--like", *like,
+                  "Write the synthetic model SPEC instead (synthetic:flash[,layers=N,experts=mxfp4|nvfp4,seed=K,...]): "
+                  "full-size shapes in shards of 4 GB, to measure loading on");
   cmd->add_flag("--force", *force, "Write into a non-empty directory, replacing the checkpoint files there");
   cmd->add_option("--experts-format", opts->experts_format, "Routed experts: mxfp4 (DeepSeek) or nvfp4 (ModelOpt)")
       ->check(one_of({"mxfp4", "nvfp4"}))
@@ -91,7 +103,17 @@ void add_make_tiny(CLI::App& app) {
   cmd->add_flag("--bf16", opts->bf16, "Write a plain BF16 checkpoint (no FP8 linears, no FP4 experts)");
   cmd->add_option("--set", *sets, "Config override KEY=VALUE (JSON value), e.g. --set num_hidden_layers=3");
   cmd->add_flag("--no-tokenizer", *no_tok, "Do not write tokenizer.json next to the weights");
-  cmd->callback([opts, sets, no_tok, force] {
+  cmd->callback([opts, sets, no_tok, force, like, cmd] {
+    if (!like->empty()) {
+      if (like->rfind("synthetic:", 0) != 0) usage_error("--like {}: expected synthetic:NAME[,key=value...]", *like);
+      for (const char* o : {"--set", "--bf16", "--experts-format", "--seed"})
+        if (cmd->count(o)) usage_error("--like takes its options in the spec ({} → ,key=value)", o);
+      prepare_tiny_out_dir(opts->out_dir, *force);
+      const int n = write_synthetic_checkpoint(*like, opts->out_dir);
+      if (!*no_tok) write_default_tokenizer(opts->out_dir);
+      log_info("wrote {} tensors of {} to {}", n, *like, opts->out_dir);
+      return;
+    }
     for (auto& s : *sets) {
       auto eq = s.find('=');
       if (eq == std::string::npos || eq == 0) usage_error("--set expects KEY=VALUE, got '{}'", s);

@@ -1,16 +1,20 @@
-// `dsv4 profile`: what one decode step costs on a model — the eager step (host plan, enqueue,
-// read-back), the same step replayed from its recording, the host's share, and the bytes a step
-// must read against the copy bandwidth measured in the same run. Markdown on stdout, or --json.
+// `dsv4 profile`: what one decode step costs on a model, and where its time goes — the eager step
+// (host plan, enqueue, read-back), the same step replayed from its recording, the host's share,
+// every op of the step timed on the device (backend/profiling_backend.h) with the bytes it moves,
+// per op and per layer kind, against the copy bandwidth measured in the same run, and from the
+// per-layer figures the step of DeepSeek-V4-Flash's whole schedule (commands/op_profile.h).
+// --prefill N profiles one N-token prompt instead: its time, FLOP and TFLOP/s per op.
+// Markdown on stdout, or --json.
 #include <fmt/format.h>
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <nlohmann/json.hpp>
 
-#include "backend/kv_cache_layout.h"
+#include "backend/profiling_backend.h"
 #include "commands/commands.h"
 #include "commands/golden_commands.h"
+#include "commands/op_profile.h"
 #include "core/error.h"
 #include "core/log.h"
 
@@ -24,6 +28,7 @@ double ms_since(clock_type::time_point t0) { return std::chrono::duration<double
 struct ProfileArgs {
   std::string model, backend = "cuda";
   int batch = 1, context = 4096, steps = 20;
+  int64_t prefill = 0;
   bool json = false;
 };
 
@@ -43,53 +48,75 @@ double copy_bandwidth_gbs(Backend& be) {
   return best;
 }
 
-// Bytes a decode step of `batch` rows reads: every weight but the routed experts, the head, the
-// routed experts the rows touch (expected distinct experts under uniform routing,
-// E·(1 − (1 − k/E)^B)), and each row's cache entries (window + compressed + indexer keys).
-struct StepBytes {
-  double weights = 0, experts = 0, kv = 0;
-  double total() const { return weights + experts + kv; }
-};
-StepBytes decode_bytes(const ModelWeights& w, int batch, int64_t context) {
-  const ModelConfig& c = w.config;
-  StepBytes s;
-  const double E = c.n_routed_experts, k = c.n_active_experts;
-  const double distinct = E * (1 - std::pow(1 - k / E, double(batch)));
-  for (int l = 0; l < c.n_layers; ++l) {
-    s.weights += w.block_bytes[size_t(l)] - E * w.expert_bytes[size_t(l)];
-    s.experts += distinct * w.expert_bytes[size_t(l)];
-    const int ratio = c.compress_ratios[size_t(l)];
-    double entries = std::min<int64_t>(c.window, context);
-    if (ratio == 4) entries += std::min<int64_t>(c.index_topk, context / 4);
-    if (ratio == 128) entries += double(context / 128);
-    s.kv += batch * entries * kv_layout::kEntryBytes;
-    if (ratio == 4) s.kv += batch * double(context / 4) * double(kv_layout::kIndexFp4EntryBytes);
-  }
-  s.weights += double(c.vocab_size) * c.dim * 2;  // the head
-  return s;
+// A prompt of spread-out ids (any ids do for timing; these avoid one repeated token).
+std::vector<int32_t> prompt_ids(int64_t from, int64_t to, int salt, int vocab) {
+  std::vector<int32_t> ids;
+  for (int64_t i = from; i < to; ++i) ids.push_back(int32_t(2 + (i * 7919 + int64_t(salt) * 104729) % (vocab - 2)));
+  return ids;
 }
 
-void run_profile(const ProfileArgs& a) {
-  if (a.batch < 1 || a.batch > 256) fail("--batch-size {}: 1..256", a.batch);
-  if (a.context < 1) fail("--context {}: at least 1", a.context);
-  if (a.steps < 1) fail("--steps {}: at least 1", a.steps);
-  LoadedModel m = load_model(a.model, a.backend);
-  Dsv4Model& model = *m.model;
-  Backend& be = *m.backend;
-  const ModelConfig& c = model.config();
-  if (a.context + a.steps + 4 > c.max_position_embeddings) fail("--context {} beyond the model's length", a.context);
+std::vector<ProfilingBackend::OpRecord> profiled_step(ProfilingBackend& prof, Dsv4Model& model,
+                                                      const std::vector<BatchItem>& b) {
+  StepPlan plan = model.plan_step(b);
+  prof.start();
+  StepResult r = model.run_step(plan);
+  auto records = prof.stop();
+  model.finish_step(plan, r, b);
+  return records;
+}
 
-  // Sequences at the requested context: prompts of spread-out ids, prefilled in chunks of 2048.
+// One prompt of `a.prefill` tokens in one step: its time, its ops, model TFLOP/s.
+void profile_prefill(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& prof, double copy_gbs) {
+  const ModelConfig& c = model.config();
+  if (a.prefill + 1 > c.max_position_embeddings) fail("--prefill {} beyond the model's length", a.prefill);
+  auto run = [&](bool profiled) {
+    SeqId id = model.new_sequence();
+    BatchItem item(id, prompt_ids(0, a.prefill, 0, c.vocab_size));
+    item.return_logits = false;
+    item.sampling = SamplingParams{};
+    std::vector<ProfilingBackend::OpRecord> records;
+    auto t0 = clock_type::now();
+    if (profiled) records = profiled_step(prof, model, {item});
+    else model.step({item});  // reads the token back: waits for the step
+    const double ms = ms_since(t0);
+    model.free_sequence(id);
+    return std::make_pair(ms, records);
+  };
+  (void)run(false);  // warm-up: workspaces sized for this shape
+  const int reps = std::min(a.steps, 3);
+  double step_ms = 0;
+  for (int i = 0; i < reps; ++i) step_ms += run(false).first / reps;
+  const OpProfile ops = summarise_ops({run(true).second}, c);
+  const double tflops = ops.step.flops / (step_ms / 1e3) / 1e12;
+  if (a.json) {
+    nlohmann::json j = {{"model", a.model}, {"backend", prof.name()}, {"prefill_tokens", a.prefill}, {"layers", c.n_layers},
+                        {"step_ms", step_ms}, {"flops", ops.step.flops}, {"tflops", tflops}, {"copy_gbs", copy_gbs}};
+    j["profile"] = op_tables_json(ops, c);
+    fmt::print("{}\n", j.dump(2));
+    return;
+  }
+  fmt::print("## prefill: {} — one prompt of {} tokens in one step, {} layers ({})\n\n", a.model, a.prefill, c.n_layers, prof.name());
+  fmt::print("| measure | value |\n|---|---|\n");
+  fmt::print("| step (plan + enqueue + sampled token read back), mean of {} | {:.1f} ms |\n", reps, step_ms);
+  fmt::print("| FLOP of the step (matrix products: linears, experts as routed, attention over listed entries, indexer, head) | {:.2f} TFLOP |\n",
+             ops.step.flops / 1e12);
+  fmt::print("| model TFLOP/s (FLOP / step time) | {:.1f} |\n", tflops);
+  fmt::print("| sum of the op times (each op alone) | {:.1f} ms |\n\n", ops.step_ms);
+  print_op_tables(ops, c, copy_gbs, true);
+}
+
+void profile_decode(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& prof, double copy_gbs) {
+  const ModelConfig& c = model.config();
+  Backend& be = prof;
+  if (a.context + 3 * a.steps + 4 > c.max_position_embeddings) fail("--context {} beyond the model's length", a.context);
+  // Sequences at the requested context, prefilled in chunks of 2048.
   std::vector<SeqId> seqs;
   auto t_prefill = clock_type::now();
   for (int s = 0; s < a.batch; ++s) {
     SeqId id = model.new_sequence();
     seqs.push_back(id);
     for (int64_t p = 0; p < a.context; p += 2048) {
-      std::vector<int32_t> chunk;
-      for (int64_t i = p; i < std::min<int64_t>(a.context, p + 2048); ++i)
-        chunk.push_back(int32_t(2 + (i * 7919 + s * 104729) % (c.vocab_size - 2)));
-      BatchItem item(id, chunk);
+      BatchItem item(id, prompt_ids(p, std::min<int64_t>(a.context, p + 2048), s, c.vocab_size));
       item.return_logits = false;
       model.step({item});
     }
@@ -106,25 +133,31 @@ void run_profile(const ProfileArgs& a) {
     }
     return b;
   };
-  // Warm-up: every workspace sized for this shape.
-  for (int i = 0; i < 2; ++i) model.step(batch());
+  for (int i = 0; i < 2; ++i) model.step(batch());  // warm-up: every workspace sized for this shape
   be.synchronize();
 
-  double plan_ms = 0, eager_ms = 0;
+  // The eager step, and the host's parts of it: planning, enqueueing run_step, the read-back.
+  double plan_ms = 0, enqueue_ms = 0, eager_ms = 0;
   for (int i = 0; i < a.steps; ++i) {
     const std::vector<BatchItem> b = batch();
     auto t0 = clock_type::now();
     StepPlan plan = model.plan_step(b);
     plan_ms += ms_since(t0);
+    auto t1 = clock_type::now();
     StepResult r = model.run_step(plan);
-    model.finish_step(plan, r, b);  // reads the tokens back: waits for the step
+    enqueue_ms += ms_since(t1);
+    model.finish_step(plan, r, b);
     eager_ms += ms_since(t0);
   }
-  plan_ms /= a.steps, eager_ms /= a.steps;
+  plan_ms /= a.steps, enqueue_ms /= a.steps, eager_ms /= a.steps;
+
+  std::vector<std::vector<ProfilingBackend::OpRecord>> records;
+  for (int i = 0; i < a.steps; ++i) records.push_back(profiled_step(prof, model, batch()));
+  const OpProfile ops = summarise_ops(records, c);
 
   double replay_ms = 0;
-  bool replayed = false;
-  if (be.can_capture()) {
+  const bool replayed = be.can_capture();
+  if (replayed) {
     const std::vector<BatchItem> b = batch();
     StepPlan plan = model.plan_step(b);
     be.begin_capture();
@@ -144,33 +177,66 @@ void run_profile(const ProfileArgs& a) {
     be.synchronize();
     replay_ms = ms_since(t0) / a.steps;
     model.finish_step(plan, r, b);
-    replayed = true;
   }
-  const double copy_gbs = copy_bandwidth_gbs(be);
-  const StepBytes bytes = decode_bytes(model.weights(), a.batch, a.context);
   const double step_ms = replayed ? replay_ms : eager_ms;
-  const double gbs = bytes.total() / (step_ms / 1e3) / 1e9;
+  // What a step must move: the weights its ops read (routed experts as the rows chose them) and
+  // the cache entries read and written. Activations are left out: at decode sizes they stay in L2.
+  const double must_move = ops.step.weights + ops.step.cache;
+  const double step_gbs = must_move / (step_ms / 1e3) / 1e9;
+  const double ratio = replayed ? replay_ms / ops.step_ms : eager_ms / ops.step_ms;
+  const FlashProjection flash = project_flash(ops, c);
+  const double flash_ms = flash.op_sum_ms() * ratio;
 
   if (a.json) {
     nlohmann::json j = {{"model", a.model}, {"backend", be.name()}, {"batch_size", a.batch}, {"context", a.context},
                         {"layers", c.n_layers}, {"prefill_ms", prefill_ms}, {"eager_step_ms", eager_ms},
-                        {"host_plan_ms", plan_ms}, {"replayed_step_ms", replayed ? nlohmann::json(replay_ms) : nlohmann::json()},
-                        {"bytes_weights", bytes.weights}, {"bytes_experts", bytes.experts}, {"bytes_kv", bytes.kv},
-                        {"step_gbs", gbs}, {"copy_gbs", copy_gbs}, {"tokens_per_s", a.batch / (step_ms / 1e3)}};
+                        {"host_plan_ms", plan_ms}, {"host_enqueue_ms", enqueue_ms},
+                        {"replayed_step_ms", replayed ? nlohmann::json(replay_ms) : nlohmann::json()},
+                        {"step_gbs", step_gbs}, {"copy_gbs", copy_gbs}, {"tokens_per_s", a.batch / (step_ms / 1e3)}};
+    j["profile"] = op_tables_json(ops, c);
+    if (flash.valid)
+      j["flash_projection"] = {{"swa_ms", flash.swa_ms}, {"csa_ms", flash.csa_ms}, {"hca_ms", flash.hca_ms},
+                               {"embed_ms", flash.embed_ms}, {"head_ms", flash.head_ms}, {"op_sum_ms", flash.op_sum_ms()},
+                               {"step_ms", flash_ms}, {"tokens_per_s", a.batch / (flash_ms / 1e3)}};
     fmt::print("{}\n", j.dump(2));
     return;
   }
   fmt::print("## decode step: {} — batch {}, context {}, {} layers ({})\n\n", a.model, a.batch, a.context, c.n_layers, be.name());
   fmt::print("| measure | value |\n|---|---|\n");
   fmt::print("| eager step (host plan + enqueue + token read-back), mean of {} | {:.3f} ms |\n", a.steps, eager_ms);
-  fmt::print("| host plan (descriptor, pages, upload) | {:.3f} ms |\n", plan_ms);
-  if (replayed) fmt::print("| replayed step (one recording, {} replays) | {:.3f} ms |\n", a.steps, replay_ms);
-  fmt::print("| bytes per step: weights (dense + head) / routed experts (expected distinct) / KV | {:.1f} / {:.1f} / {:.2f} MB |\n",
-             bytes.weights / 1e6, bytes.experts / 1e6, bytes.kv / 1e6);
-  fmt::print("| bytes / {} step time | {:.0f} GB/s = {:.1f}% of the copy bandwidth ({:.0f} GB/s, read + write, this run) |\n",
-             replayed ? "replayed" : "eager", gbs, 100 * gbs / copy_gbs, copy_gbs);
+  fmt::print("| host: plan (descriptor, pages, upload) / enqueue of the step's ops | {:.3f} / {:.3f} ms |\n", plan_ms, enqueue_ms);
+  fmt::print("| sum of the op times (device, each op alone), mean of {} | {:.3f} ms |\n", a.steps, ops.step_ms);
+  if (replayed)
+    fmt::print("| replayed step (one recording, {} replays) | {:.3f} ms = {:.2f} × the op sum |\n", a.steps, replay_ms, ratio);
+  fmt::print("| bytes per step: weights (routed experts as chosen) / cache / activations | {:.1f} / {:.2f} / {:.2f} MB |\n",
+             ops.step.weights / 1e6, ops.step.cache / 1e6, ops.step.activations / 1e6);
+  fmt::print("| (weights + cache) / {} step time | {:.0f} GB/s = {:.1f}% of the copy bandwidth ({:.0f} GB/s, read + write, this run) |\n",
+             replayed ? "replayed" : "eager", step_gbs, 100 * step_gbs / copy_gbs, copy_gbs);
   fmt::print("| tokens/s at this batch | {:.1f} |\n", a.batch / (step_ms / 1e3));
-  fmt::print("| prefill of {} × {} tokens (chunks of 2048, eager) | {:.1f} ms |\n", a.batch, a.context, prefill_ms);
+  fmt::print("| prefill of {} × {} tokens (chunks of 2048, eager) | {:.1f} ms |\n\n", a.batch, a.context, prefill_ms);
+  print_op_tables(ops, c, copy_gbs, false);
+  if (flash.valid) {
+    fmt::print("### projected: DeepSeek-V4-Flash's 43 layers on one GPU (as if it fit)\n\n");
+    fmt::print("op sum = {} SWA × {:.1f} µs + {} CSA × {:.1f} µs + {} HCA × {:.1f} µs + embed {:.1f} µs + head {:.1f} µs = {:.3f} ms;\n",
+               FlashProjection::kSwa, flash.swa_ms * 1e3, FlashProjection::kCsa, flash.csa_ms * 1e3, FlashProjection::kHca,
+               flash.hca_ms * 1e3, flash.embed_ms * 1e3, flash.head_ms * 1e3, flash.op_sum_ms());
+    fmt::print("× {:.2f} ({} step / op sum, this run) = {:.3f} ms per step → {:.0f} tok/s at batch {} ({:.1f} tok/s per sequence)\n",
+               ratio, replayed ? "replayed" : "eager", flash_ms, a.batch / (flash_ms / 1e3), a.batch, 1e3 / flash_ms);
+  }
+}
+
+void run_profile(const ProfileArgs& a) {
+  if (a.batch < 1 || a.batch > 256) fail("--batch-size {}: 1..256", a.batch);
+  if (a.context < 1) fail("--context {}: at least 1", a.context);
+  if (a.steps < 1) fail("--steps {}: at least 1", a.steps);
+  if (a.prefill < 0) fail("--prefill {}: 0 (a decode profile) or a prompt length", a.prefill);
+  auto profiling = std::make_unique<ProfilingBackend>(make_backend(a.backend));
+  ProfilingBackend& prof = *profiling;
+  LoadedModel m = load_model(a.model, std::move(profiling));
+  m.model->on_block = [&prof](int region) { prof.set_region(region); };
+  const double copy_gbs = copy_bandwidth_gbs(prof);
+  if (a.prefill) profile_prefill(a, *m.model, prof, copy_gbs);
+  else profile_decode(a, *m.model, prof, copy_gbs);
 }
 
 }  // namespace
@@ -183,7 +249,10 @@ void add_profile_command(CLI::App& app) {
   cmd->add_option("--batch-size", a->batch, "Sequences decoding together (1..256)")->capture_default_str();
   cmd->add_option("--context", a->context, "Tokens each sequence holds before the measured steps")->capture_default_str();
   cmd->add_option("--steps", a->steps, "Steps (and replays) averaged")->capture_default_str();
-  cmd->add_flag("--json", a->json, "One JSON object instead of the table");
+  cmd->add_option("--prefill", a->prefill,
+                  "Profile one prompt of this many tokens in one step (model TFLOP/s) instead of a decode step")
+      ->capture_default_str();
+  cmd->add_flag("--json", a->json, "One JSON object instead of the tables");
   cmd->callback([a] { run_profile(*a); });
 }
 

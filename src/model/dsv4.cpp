@@ -152,9 +152,17 @@ StepPlan Dsv4Model::plan_step(const std::vector<BatchItem>& batch) {
 
 StepResult Dsv4Model::run_step(const StepPlan& plan) {
   const ModelConfig& c = config();
+  auto region = [this](int l) {
+    if (on_block) on_block(l);
+  };
+  region(-1);
   Tensor X = embed_streams(plan);
   emit("embed_out", 0, X);
-  for (int l = 0; l < c.n_layers; ++l) X = run_block(weights_->blocks[size_t(l)], X, plan, size_t(l));
+  for (int l = 0; l < c.n_layers; ++l) {
+    region(l);
+    X = run_block(weights_->blocks[size_t(l)], X, plan, size_t(l));
+  }
+  region(c.n_layers);
   StepResult r;
   const int64_t P = plan.head_rows.numel();
   Tensor Xp = view(backend_.gather_rows(view(X, {plan.rows, c.hc_mult * c.dim}), plan.head_rows), {P, c.hc_mult, c.dim});

@@ -95,6 +95,9 @@ class Dsv4Model {
 
   // Debug: called with every named intermediate ("attn_out-3", ...) when set (DESIGN §3.5).
   std::function<void(const std::string&, const Tensor&)> dump;
+  // Profiling: run_step calls it before the embedding (−1), before each block (its layer) and
+  // before the head and sampling (n_layers), so a profile can attribute ops to layers.
+  std::function<void(int)> on_block;
 
  private:
   struct Sequence;

@@ -25,10 +25,15 @@ class SyntheticSource final : public TensorSource {
   bool has(const std::string& name) const override;
   std::string where() const override { return spec_; }
   bool release_bound() override;
+  // Every tensor made so far, in the order asked for (until release_bound), and the config as
+  // config.json text.
+  const std::deque<TensorRef>& made() const { return refs_; }
+  const std::string& config_json() const { return config_json_; }
 
  private:
   std::string spec_;
   ModelConfig config_;
+  std::string config_json_;
   uint64_t seed_ = 1;
   uint64_t counter_ = 0;  // one stream of random numbers per tensor
   std::deque<TensorRef> refs_;
@@ -36,5 +41,10 @@ class SyntheticSource final : public TensorSource {
 };
 
 std::unique_ptr<SyntheticSource> make_synthetic_source(const std::string& spec);
+
+// Writes the synthetic model `spec` to `out_dir` as a checkpoint in the official format
+// (config.json, shards of at most `shard_bytes`, model.safetensors.index.json): a full-size
+// checkpoint on disk to measure loading on. Returns the number of tensors written.
+int write_synthetic_checkpoint(const std::string& spec, const std::string& out_dir, size_t shard_bytes = size_t(4) << 30);
 
 }  // namespace dsv4

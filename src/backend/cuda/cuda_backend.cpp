@@ -118,6 +118,17 @@ void CudaBackend::replay(const CapturedWork& work) {
   DSV4_CUDA_CHECK(cudaGraphLaunch(g->exec, stream()));
 }
 
+int CudaBackend::mark() {
+  if (size_t(marks_used_) == marks_.size()) marks_.push_back(std::make_unique<Event>());
+  marks_[size_t(marks_used_)]->record(stream());
+  return marks_used_++;
+}
+
+double CudaBackend::elapsed_ms(int from, int to) {
+  DSV4_CHECK(from >= 0 && to < marks_used_ && from <= to, "elapsed_ms: marks {}..{} of {}", from, to, marks_used_);
+  return marks_[size_t(to)]->elapsed_ms_since(*marks_[size_t(from)]);
+}
+
 const void* CudaBackend::place_weight(const void* host, size_t bytes) {
   DeviceBuffer<uint8_t> buf(std::max<size_t>(bytes, 1));
   if (bytes) DSV4_CUDA_CHECK(cudaMemcpy(buf.get(), host, bytes, cudaMemcpyHostToDevice));

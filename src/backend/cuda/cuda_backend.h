@@ -57,6 +57,9 @@ class CudaBackend final : public Backend {
   void begin_capture() override;
   std::unique_ptr<CapturedWork> end_capture() override;
   void replay(const CapturedWork& work) override;
+  int mark() override;
+  double elapsed_ms(int from, int to) override;
+  void clear_marks() override { marks_used_ = 0; }
 
   Tensor alloc(DType dtype, std::vector<int64_t> shape) override;
   Tensor from_host(DType dtype, std::vector<int64_t> shape, const void* data) override;
@@ -124,6 +127,8 @@ class CudaBackend final : public Backend {
   std::map<std::tuple<int, int, int, int, int>, std::unique_ptr<MoeWorkspace>> moe_ws_;
   int moe_path_override_ = -1;  // DSV4_MOE_PATH (tests): a forced MoeFp4Path
   bool logged_paths_ = false;
+  std::vector<std::unique_ptr<Event>> marks_;  // profiling marks, reused after clear_marks
+  int marks_used_ = 0;
 };
 
 }  // namespace dsv4::cuda

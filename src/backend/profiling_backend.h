@@ -1,0 +1,126 @@
+// A backend that runs another and, while recording, times every op it is asked for (`dsv4
+// profile`). Each op is bracketed by two marks on the inner backend's queue of work, so its time
+// is the work's own and not the host's (the host enqueues ahead of the device); the marks stop
+// kernels of neighbouring ops from overlapping, which is why a profile also states the replayed
+// step next to the sum of its ops. Bytes are what each op must move: its weights, activations in
+// and out, and cache entries — where they depend on data (experts touched, entries listed, keys
+// scored) they are counted from the op's index tensors after the step.
+#pragma once
+#include <functional>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "backend/backend.h"
+
+namespace dsv4 {
+
+class ProfilingBackend final : public Backend {
+ public:
+  // Bytes an op moves — weights read, cache entries and compressor state read or written, and
+  // activations in and out (mostly from L2 at decode sizes; counted apart for that reason) — and
+  // its arithmetic (multiply-adds count 2; the matrix products only).
+  struct OpCost {
+    double weights = 0, cache = 0, activations = 0, flops = 0;
+    double total() const { return weights + cache + activations; }
+    void add(const OpCost& o, double times = 1) {
+      weights += o.weights * times, cache += o.cache * times, activations += o.activations * times, flops += o.flops * times;
+    }
+  };
+  struct OpRecord {
+    std::string op;  // "linear attn.wq_a", "sparse_attention", ...
+    int region = -1;  // set_region's value when it was called
+    double ms = 0;
+    OpCost cost;
+  };
+
+  explicit ProfilingBackend(std::unique_ptr<Backend> inner);
+  Backend& inner() { return *inner_; }
+
+  // Recording: start() forgets earlier records; stop() waits for the work and resolves times and
+  // bytes. Not recording, every call only forwards (a step recorded for replay is made so).
+  void start();
+  const std::vector<OpRecord>& stop();
+  // The region (a layer index, say) the next ops are attributed to.
+  void set_region(int region) { region_ = region; }
+
+  std::string name() const override { return inner_->name(); }
+  const void* place_weight(const void* host, size_t bytes) override { return inner_->place_weight(host, bytes); }
+  void prepare_experts(MoeWeights& w, float swiglu_limit) override { inner_->prepare_experts(w, swiglu_limit); }
+  void synchronize() override { inner_->synchronize(); }
+  bool can_capture() const override { return inner_->can_capture(); }
+  void begin_capture() override;
+  std::unique_ptr<CapturedWork> end_capture() override { return inner_->end_capture(); }
+  void replay(const CapturedWork& work) override { inner_->replay(work); }
+  int mark() override { return inner_->mark(); }
+  double elapsed_ms(int from, int to) override { return inner_->elapsed_ms(from, to); }
+  void clear_marks() override { inner_->clear_marks(); }
+
+  Tensor alloc(DType dtype, std::vector<int64_t> shape) override { return inner_->alloc(dtype, std::move(shape)); }
+  Tensor from_host(DType dtype, std::vector<int64_t> shape, const void* data) override;
+  void to_host(const Tensor& t, void* dst) override { inner_->to_host(t, dst); }
+  void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) override;
+  Tensor gather_rows(const Tensor& src, const Tensor& rows) override;
+
+  Tensor embed(const Tensor& ids, const uint16_t* table, int dim) override;
+  Tensor rms_norm(const Tensor& x, const uint16_t* weight, float eps) override;
+  void head_rms_norm(Tensor& x, int head_dim, float eps) override;
+  void rope(Tensor& x, int head_dim, int rope_dim, const Tensor& positions, const RopeTable& table, bool inverse) override;
+  void fp8_simulate(Tensor& x, int row_width, int channels) override;
+  void hadamard_fp4_simulate(Tensor& x, int width) override;
+  Tensor add(const Tensor& a, const Tensor& b) override;
+  Tensor scale(const Tensor& x, float s) override;
+
+  Tensor linear(const Tensor& x, const LinearWeight& w) override;
+  Tensor linear_bf16(const Tensor& x, const uint16_t* w, int out, int in) override;
+  Tensor linear_f32(const Tensor& x, const uint16_t* w, int out, int in) override;
+  Tensor grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) override;
+
+  Tensor hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mult, int iters, float norm_eps, float hc_eps,
+                Tensor* post, Tensor* comb) override;
+  Tensor hc_post(const Tensor& y, const Tensor& X, const Tensor& post, const Tensor& comb) override;
+  Tensor hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps) override;
+
+  void grow_pool(EntryPool& pool, int64_t pages) override { inner_->grow_pool(pool, pages); }
+  void write_entries(const Tensor& values, const Tensor& entries, EntryPool& pool) override;
+  void copy_entries(const Tensor& src, const Tensor& dst, EntryPool& pool) override;
+  Tensor step_indices(const StepIndexArgs& args) override;
+  Tensor sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool, const Tensor& entry_lists,
+                          const float* sink, float scale) override;
+  Tensor indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
+                      const KeyTables& keys, int k) override;
+
+  Tensor compressor_update(const Tensor& a, const Tensor& g, int64_t row0, int64_t n, int64_t pos0, const float* ape,
+                           int ratio, int d, CompressorState& state) override;
+  void compressor_state_init(CompressorState& state, int ratio, int d) override { inner_->compressor_state_init(state, ratio, d); }
+  Tensor to_bf16(const Tensor& x) override;
+
+  Routing route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) override;
+  Tensor moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override;
+
+  Tensor logits(const Tensor& h, const uint16_t* head, int vocab) override;
+  Tensor sample(const Tensor& logits, const Tensor& params, const Tensor& counters) override;
+  void apply_penalties(Tensor& logits, const Tensor& params, const Tensor& rows, const Tensor& ids,
+                       const Tensor& counts) override;
+  LogprobRows logprobs(const Tensor& logits, const Tensor& chosen, int top_n) override;
+
+ private:
+  struct Pending {
+    OpRecord record;
+    int from = 0, to = 0;
+    std::function<OpCost()> cost_after;  // data-dependent costs, read after the step
+  };
+  // Runs f between two marks as op `op` moving `bytes` (+ its result's bytes for a Tensor).
+  template <typename F> auto timed(std::string op, OpCost bytes, F&& f, std::function<OpCost()> after = {});
+
+  std::unique_ptr<Backend> inner_;
+  bool on_ = false;
+  int region_ = -1;
+  std::vector<Pending> pending_;
+  std::vector<OpRecord> records_;
+};
+
+// Bytes of one linear's weight as stored (values + scales).
+double linear_weight_bytes(const LinearWeight& w);
+
+}  // namespace dsv4
