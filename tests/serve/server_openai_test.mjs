@@ -276,7 +276,7 @@ describe('dsv4 serve with --api-key', () => {
   before(async () => { server = await startServer(['--api-key', 'sesame', '--max-model-len', '256']); });
   after(async () => { assert.equal(await server.stop(), 0); });
 
-  test('the /v1 routes need the key; health and metrics do not', async () => {
+  test('the /v1 routes need the key; health, metrics and the chat page do not', async () => {
     const chat = (key) => client(server, { apiKey: key }).chat.completions.create({ model: 'tiny', messages: user('hi'), max_tokens: 1 });
     await assert.rejects(chat('wrong'), (e) => e.status === 401 && e.type === 'invalid_request_error');
     const ok = await chat('sesame');
@@ -286,6 +286,9 @@ describe('dsv4 serve with --api-key', () => {
     assert.equal(JSON.parse(bare.body).error.code, 'invalid_api_key');
     assert.equal(await healthStatus(server), 200);
     assert.equal((await rawRequest(server, 'GET', '/metrics')).status, 200);
+    const page = await rawRequest(server, 'GET', '/');
+    assert.equal(page.status, 200);
+    assert.equal(page.headers['content-type'], 'text/html; charset=utf-8');
   });
 });
 

@@ -17,4 +17,7 @@ void handle_metrics(ServerContext& context, const httplib::Request& req, httplib
 void handle_tokenize(ServerContext& context, const httplib::Request& req, httplib::Response& res);    // POST /tokenize
 void handle_detokenize(ServerContext& context, const httplib::Request& req, httplib::Response& res);  // POST /detokenize
 
+// GET /: the chat page (chat_page.cpp)
+void handle_chat_page(ServerContext& context, const httplib::Request& req, httplib::Response& res);
+
 }  // namespace dsv4::serve

@@ -176,6 +176,8 @@ void add_routes(HttpServer& server, ServerContext& context) {
   server.Get("/metrics", bind(handle_metrics));
   server.Post("/tokenize", bind(handle_tokenize));
   server.Post("/detokenize", bind(handle_detokenize));
+  server.Get("/", bind(handle_chat_page));
+  server.Get("/index.html", bind(handle_chat_page));
 }
 
 }  // namespace
