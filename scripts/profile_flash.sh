@@ -40,6 +40,15 @@ if [ "${SKIP_LOAD:-0}" != 1 ]; then
   { echo "\`$cmd\` ($cache)"; echo; } >"$out/load.md"
   if command -v script >/dev/null; then script -qfec "$cmd" /dev/null >>"$out/load.md" 2>&1
   else $cmd >>"$out/load.md" 2>&1; fi
+  # What the disk itself gives: the same shards read cold with nothing else (when the cache drops).
+  if (echo 3 >/proc/sys/vm/drop_caches) 2>/dev/null; then
+    t0=$(date +%s.%N)
+    cat "$ckpt"/*.safetensors >/dev/null
+    t1=$(date +%s.%N)
+    bytes=$(du -cb "$ckpt"/*.safetensors | tail -1 | cut -f1)
+    awk -v a="$t0" -v b="$t1" -v n="$bytes" \
+      'BEGIN { printf "disk read, cold: %d bytes in %.2f s = %.2f GB/s (cat)\n", n, b - a, n / (b - a) / 1e9 }' >>"$out/load.md"
+  fi
   rm -rf "$ckpt"
   echo "profile_flash: load done"
 fi
