@@ -277,6 +277,19 @@ TEST(LinearBf16w, FlashShapes) {
   }
 }
 
+// Narrow linears with long rows split K over up to 8 warps per column (linear.cu): ragged column
+// counts (inactive warps in the last block), several 8-row passes and 64-row blocks.
+TEST(LinearSplitK, NarrowLinears) {
+  for (int64_t rows : {1, 3, 17, 70}) {
+    check_fp8(rows, 200, 4096);   // 8 slices, the last block partly empty
+    check_fp8(rows, 1000, 2048);  // 4 slices
+    check_bf16w(Bf16Op::LinearF32FromBf16, rows, 37, 2048);
+    check_bf16w(Bf16Op::LinearBf16, rows, 1500, 4096);
+    check_bf16w(Bf16Op::LinearF32FromF32, rows, 100, 1024);
+    check_bf16w(Bf16Op::GroupedOutProj, rows, 2 * 64, 2048, 2);
+  }
+}
+
 TEST(LinearBf16w, ElementLoadsWhenUnaligned) {
   for (int64_t rows : {1, 5, 70}) {
     check_bf16w(Bf16Op::LinearBf16, rows, 64, 100);
@@ -287,6 +300,8 @@ TEST(LinearBf16w, ElementLoadsWhenUnaligned) {
 
 TEST(LinearSanitizer, Small) {
   check_fp8(5, 200, 256);
+  check_fp8(9, 20, 1024);  // split K
+  check_bf16w(Bf16Op::LinearBf16, 9, 20, 1024);
   check_bf16w(Bf16Op::LinearBf16, 9, 24, 128);
   check_bf16w(Bf16Op::LinearF32FromF32, 3, 16, 40);
   check_bf16w(Bf16Op::GroupedOutProj, 2, 2 * 8, 64, 2);

@@ -3,6 +3,10 @@
 // 16-byte loads, lanes striding along K, and multiplies each loaded chunk into 8 rows' accumulators
 // before the next chunk, so a decode step (≤ 8 rows) reads every weight byte once. The activations
 // are re-read per column from L1/L2 (small next to the weights). One warp-shuffle sum per output.
+// A narrow linear (N ≤ 2048: wq_a, wkv, the gate, the compressors, the shared expert) would put too
+// few warps in flight to keep HBM busy, so `splits` warps share a column, each over a contiguous
+// part of K, and their sums add in slice order through shared memory: deterministic, and chosen
+// from N and K only, so a row's result never depends on the rows beside it.
 //
 // Numerics. FP8 (SPEC §2.3): e4m3 × e4m3 products are exact in f32 (8 significant bits); the CPU
 // sums each 128-block exactly (double) then rounds once; here a lane sums 16 products of one block
@@ -30,7 +34,27 @@ namespace {
 constexpr int kColsPerBlock = 8;  // one warp each
 constexpr int kRowsPerPass = 8;   // accumulators per lane
 constexpr int kRowsPerBlock = 64;
+constexpr int kTargetWarps = 4096;  // ~31 per SM on 132 SMs: enough loads in flight for a narrow linear
 
+// Warps per output column (a power of two ≤ 8) for N columns of `chunks` 16-byte loads each; a
+// slice keeps at least one load per lane.
+int k_splits(int N, int chunks) {
+  int s = 1;
+  while (s < kColsPerBlock && int64_t(N) * s < kTargetWarps && chunks / (2 * s) >= 32) s *= 2;
+  return s;
+}
+
+// The slices' sums of one pass (lane i < 8 holds row r0 + i's) → the column's sum, added in slice
+// order by the column's first warp; every thread of the block calls it (it synchronises).
+__device__ __forceinline__ float combine_slices(float (*sum)[kRowsPerPass], int warp, int splits, int lane, float mine) {
+  if (lane < kRowsPerPass) sum[warp][lane] = mine;
+  __syncthreads();
+  float total = 0.f;
+  if (warp % splits == 0 && lane < kRowsPerPass)
+    for (int s = 0; s < splits; ++s) total += sum[warp + s][lane];
+  __syncthreads();
+  return total;
+}
 
 // 16 e4m3 codes (byte i = element i) → f32, exactly (every e4m3 value is an f16 value).
 __device__ __forceinline__ void e4m3x16_to_f32(uint4 v, float (&f)[16]) {
@@ -59,32 +83,33 @@ __device__ __forceinline__ uint16_t f32_to_bf16_bits(float v) {
   return *reinterpret_cast<const uint16_t*>(&b);
 }
 
-// 8 bf16 (16 bytes) → f32.
+// 8 bf16 (16 bytes) → f32 (no local array: the words stay in registers).
 __device__ __forceinline__ void bf16x8_to_f32(uint4 v, float (&f)[8]) {
-  const uint32_t words[4] = {v.x, v.y, v.z, v.w};
-#pragma unroll
-  for (int w = 0; w < 4; ++w) {
-    f[2 * w] = __uint_as_float(words[w] << 16);
-    f[2 * w + 1] = __uint_as_float(words[w] & 0xffff0000u);
-  }
+  f[0] = __uint_as_float(v.x << 16), f[1] = __uint_as_float(v.x & 0xffff0000u);
+  f[2] = __uint_as_float(v.y << 16), f[3] = __uint_as_float(v.y & 0xffff0000u);
+  f[4] = __uint_as_float(v.z << 16), f[5] = __uint_as_float(v.z & 0xffff0000u);
+  f[6] = __uint_as_float(v.w << 16), f[7] = __uint_as_float(v.w & 0xffff0000u);
 }
 
 __global__ void __launch_bounds__(kColsPerBlock * 32)
     linear_fp8_block_kernel(const uint8_t* __restrict__ act_q, const float* __restrict__ act_scale, int64_t rows, int K,
-                            const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_scale, int N,
+                            const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_scale, int N, int splits,
                             uint16_t* __restrict__ y) {
   pdl_wait();
   pdl_launch_dependents();
-  const int lane = threadIdx.x % 32;
-  const int n = blockIdx.x * kColsPerBlock + threadIdx.x / 32;
-  if (n >= N) return;
+  __shared__ float slice_sum[kColsPerBlock][kRowsPerPass];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int n = blockIdx.x * (kColsPerBlock / splits) + warp / splits, slice = warp % splits;
+  const bool active = n < N;
+  if (!active && splits == 1) return;  // with slices every warp takes part in the combine
   const int k_blocks = K / 128, chunks = K / 16;  // a chunk = 16 channels of one 128-block
-  const uint8_t* w_row = w + int64_t(n) * K;
-  const uint8_t* w_row_scale = w_scale + int64_t(n / 128) * k_blocks;
+  const int c_begin = slice * chunks / splits, c_end = active ? (slice + 1) * chunks / splits : c_begin;
+  const uint8_t* w_row = w + int64_t(active ? n : 0) * K;
+  const uint8_t* w_row_scale = w_scale + int64_t((active ? n : 0) / 128) * k_blocks;
   const int64_t row_end = min(rows, int64_t(blockIdx.y + 1) * kRowsPerBlock);
   for (int64_t r0 = int64_t(blockIdx.y) * kRowsPerBlock; r0 < row_end; r0 += kRowsPerPass) {
     float acc[kRowsPerPass] = {};
-    for (int c = lane; c < chunks; c += 32) {
+    for (int c = c_begin + lane; c < c_end; c += 32) {
       float wf[16];
       e4m3x16_to_f32(__ldg(reinterpret_cast<const uint4*>(w_row) + c), wf);
       const int b = c / 8;
@@ -101,11 +126,14 @@ __global__ void __launch_bounds__(kColsPerBlock * 32)
         acc[i] += partial * (act_scale[r * k_blocks + b] * sw);
       }
     }
+    float mine = 0.f;
 #pragma unroll
     for (int i = 0; i < kRowsPerPass; ++i) {
       const float sum = warp_sum(acc[i]);
-      if (lane == i && r0 + i < row_end) y[(r0 + i) * N + n] = f32_to_bf16_bits(sum);
+      if (lane == i) mine = sum;
     }
+    const float total = splits == 1 ? mine : combine_slices(slice_sum, warp, splits, lane, mine);
+    if (slice == 0 && lane < kRowsPerPass && active && r0 + lane < row_end) y[(r0 + lane) * N + n] = f32_to_bf16_bits(total);
   }
 }
 
@@ -128,22 +156,28 @@ __device__ __forceinline__ void load_x8(const void* x, int64_t offset, float (&f
   }
 }
 
+// (At least 4 blocks per SM: without that bound ptxas spilled the bf16-input variants at 40
+// registers; with it they take 48 and none.)
 template <bool kXF32, bool kYF32, bool kVectorized>
-__global__ void __launch_bounds__(kColsPerBlock * 32)
+__global__ void __launch_bounds__(kColsPerBlock * 32, 4)
     linear_bf16w_kernel(const void* __restrict__ x, int64_t rows, int K, int64_t x_row_stride, int cols_per_group,
-                        const uint16_t* __restrict__ w, int N, void* __restrict__ y) {
+                        const uint16_t* __restrict__ w, int N, int splits, void* __restrict__ y) {
   pdl_wait();
   pdl_launch_dependents();
-  const int lane = threadIdx.x % 32;
-  const int j = blockIdx.x * kColsPerBlock + threadIdx.x / 32;
-  if (j >= N) return;
-  const uint16_t* w_row = w + int64_t(j) * K;
-  const int64_t x_col0 = int64_t(j / cols_per_group) * K;
+  __shared__ float slice_sum[kColsPerBlock][kRowsPerPass];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int j = blockIdx.x * (kColsPerBlock / splits) + warp / splits, slice = warp % splits;
+  const bool active = j < N;
+  if (!active && splits == 1) return;  // with slices every warp takes part in the combine
+  const uint16_t* w_row = w + int64_t(active ? j : 0) * K;
+  const int64_t x_col0 = int64_t((active ? j : 0) / cols_per_group) * K;
+  const int chunks = K / 8;  // vectorized: 8 bf16 per load (splits is 1 on the element path)
+  const int c_begin = slice * chunks / splits, c_end = active ? (slice + 1) * chunks / splits : c_begin;
   const int64_t row_end = min(rows, int64_t(blockIdx.y + 1) * kRowsPerBlock);
   for (int64_t r0 = int64_t(blockIdx.y) * kRowsPerBlock; r0 < row_end; r0 += kRowsPerPass) {
     float acc[kRowsPerPass] = {};
     if constexpr (kVectorized) {
-      for (int c = lane; c < K / 8; c += 32) {
+      for (int c = c_begin + lane; c < c_end; c += 32) {
         float wf[8];
         bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(w_row) + c), wf);
 #pragma unroll
@@ -167,20 +201,24 @@ __global__ void __launch_bounds__(kColsPerBlock * 32)
         }
       }
     }
+    float mine = 0.f;
 #pragma unroll
     for (int i = 0; i < kRowsPerPass; ++i) {
       const float sum = warp_sum(acc[i]);
-      if (lane == i && r0 + i < row_end) {
-        const int64_t at = (r0 + i) * N + j;
-        if constexpr (kYF32) static_cast<float*>(y)[at] = sum;
-        else static_cast<uint16_t*>(y)[at] = f32_to_bf16_bits(sum);
-      }
+      mine = lane == i ? sum : mine;
+    }
+    const float total = splits == 1 ? mine : combine_slices(slice_sum, warp, splits, lane, mine);
+    if (slice == 0 && lane < kRowsPerPass && active && r0 + lane < row_end) {
+      const int64_t at = (r0 + lane) * N + j;
+      if constexpr (kYF32) static_cast<float*>(y)[at] = total;
+      else static_cast<uint16_t*>(y)[at] = f32_to_bf16_bits(total);
     }
   }
 }
 
-dim3 linear_grid(int64_t rows, int N) {
-  return dim3(unsigned((N + kColsPerBlock - 1) / kColsPerBlock), unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock));
+dim3 linear_grid(int64_t rows, int N, int splits) {
+  const int cols = kColsPerBlock / splits;
+  return dim3(unsigned((N + cols - 1) / cols), unsigned((rows + kRowsPerBlock - 1) / kRowsPerBlock));
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
@@ -189,13 +227,14 @@ template <bool kXF32, bool kYF32>
 void launch_bf16w(const void* x, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w, int N,
                   void* y, cudaStream_t stream) {
   const bool vectorized = K % 8 == 0 && x_row_stride % 8 == 0 && aligned16(x) && aligned16(w);
-  const dim3 grid = linear_grid(rows, N), block(kColsPerBlock * 32);
+  const int splits = vectorized ? k_splits(N, K / 8) : 1;
+  const dim3 grid = linear_grid(rows, N, splits), block(kColsPerBlock * 32);
   if (vectorized)
     launch_programmatic(linear_bf16w_kernel<kXF32, kYF32, true>, grid, block, 0, stream, x, rows, K, x_row_stride,
-                        N / groups, w, N, y);
+                        N / groups, w, N, splits, y);
   else
     launch_programmatic(linear_bf16w_kernel<kXF32, kYF32, false>, grid, block, 0, stream, x, rows, K, x_row_stride,
-                        N / groups, w, N, y);
+                        N / groups, w, N, splits, y);
 }
 
 }  // namespace
@@ -209,8 +248,9 @@ void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, 
   if (int64_t(rows + kRowsPerBlock - 1) / kRowsPerBlock > 65535) fail("linear_fp8_block: {} rows is too many", rows);
   act_quant_fp8(x, int(rows), K, act_q, act_scale, stream);
   DSV4_CUDA_CHECK_LAUNCH();
-  launch_programmatic(linear_fp8_block_kernel, linear_grid(rows, N), dim3(kColsPerBlock * 32), 0, stream, act_q,
-                      act_scale, rows, K, w, w_scale, N, y);
+  const int splits = k_splits(N, K / 16);
+  launch_programmatic(linear_fp8_block_kernel, linear_grid(rows, N, splits), dim3(kColsPerBlock * 32), 0, stream, act_q,
+                      act_scale, rows, K, w, w_scale, N, splits, y);
   DSV4_CUDA_CHECK_LAUNCH();
 }
 
