@@ -4,7 +4,7 @@
 # checkpoint written to disk (make-tiny --like). One markdown file per run in OUT, with its command.
 # Usage: scripts/profile_flash.sh OUT [layers (4)] [disk layers (2)]
 #   DSV4: the binary (build/src/dsv4); CKPT: where the on-disk checkpoint goes (/tmp/dsv4-flash-ckpt,
-#   removed afterwards); BATCHES ("1 16 64"); SKIP_LOAD=1 skips the checkpoint.
+#   removed afterwards); BATCHES ("1 16 64"); SKIP_PREFILL=1, SKIP_LOAD=1 skip those parts.
 set -euo pipefail
 out=${1:?usage: scripts/profile_flash.sh OUT [layers] [disk layers]}
 layers=${2:-4}
@@ -25,7 +25,7 @@ run() {  # run NAME ARGS...: stdout to OUT/NAME.md (the command first), stderr t
 for b in ${BATCHES:-1 16 64}; do
   run "decode_b$b" "$dsv4" profile --model "$model" --backend cuda --batch-size "$b" --context 4096 --steps 20
 done
-run prefill_8192 "$dsv4" profile --model "$model" --backend cuda --prefill 8192 --steps 3
+[ "${SKIP_PREFILL:-0}" = 1 ] || run prefill_8192 "$dsv4" profile --model "$model" --backend cuda --prefill 8192 --steps 3
 
 if [ "${SKIP_LOAD:-0}" != 1 ]; then
   rm -rf "$ckpt"
