@@ -10,7 +10,8 @@ void run_op_benchmark(const std::string& op) {
   if (op == "moe-repack") return bench_moe_repack();
   if (op == "attention") return bench_attention();
   if (op == "indexer") return bench_indexer();
-  fail("bench-ops: unknown op '{}' (expected moe, moe-repack, attention or indexer)", op);
+  if (op == "linear") return bench_linear();
+  fail("bench-ops: unknown op '{}' (expected moe, moe-repack, attention, indexer or linear)", op);
 }
 
 }  // namespace dsv4::bench

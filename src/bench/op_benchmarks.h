@@ -13,5 +13,6 @@ void bench_moe();
 void bench_moe_repack();
 void bench_attention();
 void bench_indexer();
+void bench_linear();
 
 }  // namespace dsv4::bench

@@ -15,9 +15,9 @@ namespace dsv4::commands {
 void add_bench_ops_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench-ops", "Benchmark GPU kernels (markdown tables on stdout)");
   auto op = std::make_shared<std::string>();
-  cmd->add_option("op", *op, "Which op: moe | moe-repack | attention | indexer")
+  cmd->add_option("op", *op, "Which op: moe | moe-repack | attention | indexer | linear")
       ->required()
-      ->check(one_of({"moe", "moe-repack", "attention", "indexer"}));
+      ->check(one_of({"moe", "moe-repack", "attention", "indexer", "linear"}));
   cmd->footer(
       "Each table times CUDA-graph replays over rotating weights/caches and reports % of the\n"
       "device-to-device copy bandwidth measured in the same run. Environment variables narrow a run:\n"
@@ -29,7 +29,11 @@ void add_bench_ops_command(CLI::App& app) {
       "  attention: DSV4_ATTN_BENCH_SHAPES=1x1,128x2    batch x s_q\n"
       "             DSV4_ATTN_BENCH_VARIANTS=wgmma      substrings of the variant names (fused,\n"
       "                                                 separate, wgmma, unsplit)\n"
-      "  indexer:   DSV4_INDEXER_BENCH_SHAPES=1x16384x512  batch x keys x k\n");
+      "  indexer:   DSV4_INDEXER_BENCH_SHAPES=1x16384x512  batch x keys x k\n"
+      "  linear:    the Flash FP8 projections and the bf16 head, CUDA-core kernel vs cuBLASLt, M = 1 … 8192\n"
+      "             DSV4_LINEAR_BENCH_SHAPES=wq_b,head      wq_a wq_b wkv wo_b indexer_wq_b shared_w1_w3\n"
+      "                                                   shared_w2 head\n"
+      "             DSV4_LINEAR_BENCH_ROWS=1,128            row counts M\n");
   cmd->callback([op] {
     // Checked first, so a machine without a GPU gets one line instead of a driver error.
     const std::string why = cuda_unavailable_reason();

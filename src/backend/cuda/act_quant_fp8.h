@@ -13,4 +13,11 @@ namespace dsv4::cuda {
 // Launched as a programmatic dependent (reads x after the previous kernel's writes are visible).
 void act_quant_fp8(const uint16_t* x, int rows, int cols, uint8_t* q, float* scales, cudaStream_t stream);
 
+// The same codes and scales with the scales in the layout cuBLASLt's VEC128_32F block scaling takes
+// for a GEMM's B operand (linear_gemm.h): scales[b · padded_rows + r], f32 [cols/128, padded_rows].
+// The rows rows … padded_rows − 1 (the GEMM's padding to a multiple of 4) get zero codes and zero
+// scales; q holds padded_rows rows.
+void act_quant_fp8_mn_major(const uint16_t* x, int rows, int padded_rows, int cols, uint8_t* q, float* scales,
+                            cudaStream_t stream);
+
 }  // namespace dsv4::cuda

@@ -69,6 +69,9 @@ CudaBackend::CudaBackend() : memory_(std::make_shared<DeviceMemoryPool>()) {
     else if (v == "w4a8") moe_path_override_ = int(MoeFp4Path::W4A8);
     else if (v != "auto") fail("DSV4_MOE_PATH={}: expected auto, w4a16, w4a16-batched or w4a8", v);
   }
+  linear_mode_ = linear_path_mode_from_env();
+  // Created here, never inside a recording: the handle and its workspace are allocations.
+  if (linear_mode_ != LinearPathMode::Kernel) gemm_ = std::make_unique<LinearGemm>();
 }
 
 CudaBackend::~CudaBackend() { cudaStreamSynchronize(stream_.get()); }
@@ -254,6 +257,18 @@ Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) {
   DSV4_CHECK(w.format == WeightFormat::FP8_BLOCK, "linear {}: {} weights run through moe_experts", w.name,
              weight_format_name(w.format));
   DSV4_CHECK(w.in % 128 == 0, "linear {}: input width {} is not a multiple of 128", w.name, w.in);
+  if (rows && gemm_ && linear_path_uses_gemm(linear_mode_, rows) && gemm_->fp8_block_available(rows, w.in, w.out)) {
+    // The GEMM runs on a multiple of 4 rows (linear_gemm.h): the padding rows are scratch past the
+    // end of the returned view (the storage keeps their size class).
+    const int64_t padded = LinearGemm::fp8_padded_rows(rows);
+    Tensor out = alloc(DType::BF16, {padded, w.out});
+    out.shape[0] = rows;
+    Tensor q = alloc(DType::U8, {padded, w.in});
+    Tensor s = alloc(DType::F32, {w.in / 128, padded});
+    gemm_->fp8_block(x.ptr<uint16_t>(), rows, w.in, w.w, w.scale, w.out, q.ptr<uint8_t>(), s.ptr<float>(),
+                     out.ptr<uint16_t>(), stream());
+    return out;
+  }
   Tensor out = alloc(DType::BF16, {rows, w.out});
   if (!rows) return out;
   Tensor q = alloc(DType::U8, {rows, w.in});
@@ -263,19 +278,28 @@ Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) {
   return out;
 }
 
+void CudaBackend::dense_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups,
+                              const uint16_t* w, int N, void* y, bool y_f32) {
+  if (!rows) return;
+  // f32 inputs stay on the kernel (cuBLASLt would round them to bf16 or run a tf32 GEMM).
+  if (!x_f32 && gemm_ && linear_path_uses_gemm(linear_mode_, rows) && LinearGemm::bf16_aligned(x, w, y) &&
+      gemm_->bf16_available(rows, K, x_row_stride, groups, N, y_f32))
+    gemm_->bf16(static_cast<const uint16_t*>(x), rows, K, x_row_stride, groups, w, N, y, y_f32, stream());
+  else
+    linear_bf16w(x, x_f32, rows, K, x_row_stride, groups, w, N, y, y_f32, stream());
+}
+
 Tensor CudaBackend::linear_bf16(const Tensor& x, const uint16_t* w, int out_dim, int in) {
   const int64_t rows = x.rows();
   Tensor out = alloc(DType::BF16, {rows, out_dim});
-  if (rows)
-    linear_bf16w(x.data, x.dtype == DType::F32, rows, in, in, 1, w, out_dim, out.data, false, stream());
+  dense_bf16w(x.data, x.dtype == DType::F32, rows, in, in, 1, w, out_dim, out.data, false);
   return out;
 }
 
 Tensor CudaBackend::linear_f32(const Tensor& x, const uint16_t* w, int out_dim, int in) {
   const int64_t rows = x.rows();
   Tensor out = alloc(DType::F32, {rows, out_dim});
-  if (rows)
-    linear_bf16w(x.data, x.dtype == DType::F32, rows, in, in, 1, w, out_dim, out.data, true, stream());
+  dense_bf16w(x.data, x.dtype == DType::F32, rows, in, in, 1, w, out_dim, out.data, true);
   return out;
 }
 
@@ -283,10 +307,18 @@ Tensor CudaBackend::grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int 
   const int64_t rows = o.rows();
   const int64_t gd = o.numel() / std::max<int64_t>(rows, 1) / groups;
   Tensor out = alloc(DType::BF16, {rows, int64_t(groups) * rank});
-  if (rows)
-    linear_bf16w(o.data, false, rows, int(gd), int64_t(groups) * gd, groups, wo_a, groups * rank, out.data, false,
-                 stream());
+  dense_bf16w(o.data, false, rows, int(gd), int64_t(groups) * gd, groups, wo_a, groups * rank, out.data, false);
   return out;
+}
+
+std::string CudaBackend::linear_paths() const {
+  const std::string fp8 = gemm_ && !gemm_->fp8_supported() ? fmt::format(" (FP8 on the kernel: {})", gemm_->fp8_why_not()) : "";
+  switch (linear_mode_) {
+    case LinearPathMode::Kernel: return "CUDA-core kernels (forced by DSV4_LINEAR_PATH)";
+    case LinearPathMode::CublasLt: return "cuBLASLt where it runs the shape (forced by DSV4_LINEAR_PATH)" + fp8;
+    case LinearPathMode::Auto: break;
+  }
+  return fmt::format("CUDA-core kernels below {} rows, cuBLASLt from {}", kLinearGemmMinRows, kLinearGemmMinRows) + fp8;
 }
 
 Tensor CudaBackend::logits(const Tensor& h, const uint16_t* head, int vocab) {

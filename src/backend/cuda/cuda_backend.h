@@ -21,6 +21,7 @@
 #include "backend/backend.h"
 #include "backend/cpu/moe_fp4_reference.h"
 #include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/linear_gemm.h"
 
 namespace dsv4::cuda {
 
@@ -115,6 +116,11 @@ class CudaBackend final : public Backend {
   // so no address a recorded step uses as scratch is ever handed to state (DESIGN §3.2).
   Tensor alloc_state(DType dtype, std::vector<int64_t> shape);
   SparseMlaPlan& attention_plan(int queries, int heads);
+  // The bf16-weight linears (linear_bf16w's arguments): cuBLASLt where the path mode and the rows
+  // choose it and it can run the shape with bf16 x, else the CUDA-core kernel.
+  void dense_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,
+                   int N, void* y, bool y_f32);
+  std::string linear_paths() const;  // for the load log
   IndexerWorkspace& indexer_workspace(int queries, int keys);
 
   Stream stream_;
@@ -126,6 +132,10 @@ class CudaBackend final : public Backend {
   // One scratch per expert shape, shared by the layers (they run one after another on the stream).
   std::map<std::tuple<int, int, int, int, int>, std::unique_ptr<MoeWorkspace>> moe_ws_;
   int moe_path_override_ = -1;  // DSV4_MOE_PATH (tests): a forced MoeFp4Path
+  // Dense linears: the decode kernels below kLinearGemmMinRows rows, cuBLASLt at and above;
+  // DSV4_LINEAR_PATH forces one. gemm_ is null when the kernels are forced.
+  LinearPathMode linear_mode_ = LinearPathMode::Auto;
+  std::unique_ptr<LinearGemm> gemm_;
   bool logged_paths_ = false;
   std::vector<std::unique_ptr<Event>> marks_;  // profiling marks, reused after clear_marks
   int marks_used_ = 0;

@@ -52,8 +52,9 @@ void CudaBackend::prepare_experts(MoeWeights& w, float swiglu_limit) {
                  ? fmt::format("{} (forced by DSV4_MOE_PATH)", moe_fp4_path_name(MoeFp4Path(moe_path_override_)))
              : w4a8 ? std::string("W4A16 decode up to 16 pairs per expert, W4A8 wgmma above")
                     : std::string("W4A16 decode up to 20 pairs per expert, W4A16 batched above"));
-    log_info("  FP8 block linears: linear_fp8_block (e4m3 activations per 128, f32 block partials); bf16 linears, "
-             "head and gate: linear_bf16w; attention: sparse MLA, {}",
+    log_info("  FP8 block linears (e4m3 activations per 128) and bf16-weight linears, head and gate: {}; "
+             "attention: sparse MLA, {}",
+             linear_paths(),
              std::getenv("DSV4_ATTN_SPLIT") && std::string(std::getenv("DSV4_ATTN_SPLIT")) == "1"
                  ? std::string(sparse_mla_wgmma_available() ? "split-KV (DSV4_ATTN_SPLIT=1; wgmma from 2 queries at 64 heads)"
                                                             : "split-KV (DSV4_ATTN_SPLIT=1), mma.sync")

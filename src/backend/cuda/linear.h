@@ -1,7 +1,10 @@
 // The dense linears of the CUDA backend (SPEC §2.2–2.3, §3.3, §3.7, §3.8), CUDA-core kernels shaped
 // for decode: one warp per output column reads its weight row once for up to 8 input rows per pass
-// (a block covers 8 columns × 64 rows), f32 accumulation, one rounding at the output. Prefill runs
-// the same kernels (correct, not fast). All pointers are device memory; functions only enqueue.
+// (a block covers 8 columns × 64 rows), f32 accumulation, one rounding at the output. From
+// kLinearGemmMinRows rows (prefill) CudaBackend runs the FP8 and bf16-input linears on cuBLASLt's
+// tensor-core GEMMs instead (linear_gemm.h); these kernels stay the decode path, the f32-input path
+// and the fallback wherever cuBLASLt cannot run a shape (block-scaled FP8 is sm_90-only, so sm_120
+// runs every FP8 linear here). All pointers are device memory; functions only enqueue.
 #pragma once
 #include <cuda_runtime.h>
 

@@ -1,0 +1,231 @@
+// `dsv4 bench-ops linear`: the dense linears of DeepSeek-V4-Flash on both of their paths in one run —
+// the CUDA-core kernels (linear.h) and cuBLASLt (linear_gemm.h) — from decode (M = 1) to prefill
+// (M = 8192 rows): the FP8 block projections (hidden 4096, q_lora 1024, 64 heads × 512, 8 output
+// groups × o_lora 1024, indexer 64 heads × 128, shared expert 2048) and the bf16 head (logits, f32
+// out). The FP8 times include the activation quantisation (part of the linear on both paths).
+//
+// Timing: median of CUDA-graph replays (bench_utils.h). L2 is not flushed; each replay walks
+// rotating copies of the weights and activations (≥ 200 MB together, or two sets where one is
+// larger), so weights stream from HBM as in a model step, on both paths alike.
+// DSV4_LINEAR_BENCH_SHAPES=wq_b,head and DSV4_LINEAR_BENCH_ROWS=1,128 narrow the table.
+#include <fmt/core.h>
+
+#include <algorithm>
+#include <cmath>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/linear.h"
+#include "backend/cuda/linear_gemm.h"
+#include "bench/bench_utils.h"
+#include "bench/op_benchmarks.h"
+
+namespace dsv4::bench {
+namespace {
+
+using cuda::DeviceBuffer;
+
+struct Shape {
+  const char* name;  // DSV4_LINEAR_BENCH_SHAPES key
+  int N, K;
+  bool fp8;  // FP8_BLOCK weights (else bf16 weights, f32 out: the head)
+};
+
+constexpr Shape kShapes[] = {
+    {"wq_a", 1024, 4096, true},      {"wq_b", 32768, 1024, true},       {"wkv", 512, 4096, true},
+    {"wo_b", 4096, 8192, true},      {"indexer_wq_b", 8192, 1024, true}, {"shared_w1_w3", 2048, 4096, true},
+    {"shared_w2", 4096, 2048, true}, {"head", 129280, 4096, false},
+};
+constexpr int kRows[] = {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048, 8192};
+constexpr double kRotationBytes = 200e6;
+
+__device__ uint32_t hash32(uint64_t i, uint32_t salt) {
+  uint64_t x = i * 0x9E3779B97F4A7C15ull + salt;
+  x ^= x >> 31;
+  x *= 0xBF58476D1CE4E5B9ull;
+  x ^= x >> 29;
+  return uint32_t(x >> 16);
+}
+
+// e4m3 codes without the NaNs (0x7f, 0xff), ue8m0 scales 2^-7 … 2^2, bf16 values in (−scale, scale).
+__global__ void fill_e4m3(uint8_t* p, size_t n, uint32_t salt) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    uint8_t b = uint8_t(hash32(i, salt));
+    p[i] = (b & 0x7f) == 0x7f ? uint8_t(b ^ 1) : b;
+  }
+}
+__global__ void fill_ue8m0(uint8_t* p, size_t n, uint32_t salt) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x)
+    p[i] = uint8_t(120 + hash32(i, salt) % 10);
+}
+__global__ void fill_bf16(uint16_t* p, size_t n, uint32_t salt, float scale) {
+  for (size_t i = blockIdx.x * size_t(blockDim.x) + threadIdx.x; i < n; i += size_t(gridDim.x) * blockDim.x) {
+    const float v = (float(hash32(i, salt) & 0xffffu) / 32768.f - 1.f) * scale;
+    p[i] = uint16_t(__float_as_uint(v) >> 16);
+  }
+}
+
+struct Weights {
+  DeviceBuffer<uint8_t> w, scale;  // e4m3 + ue8m0, or bf16 (as bytes)
+};
+
+struct Activations {
+  DeviceBuffer<uint16_t> x;
+  DeviceBuffer<uint8_t> y, q;  // y bf16 (FP8) or f32 (head) with the GEMM's padding rows
+  DeviceBuffer<float> s;
+};
+
+// Microseconds of one eager pass over the rotations (after one warm-up call), to size the replays.
+double eager_us(const std::function<void(int, cudaStream_t)>& variant, int rotations) {
+  cuda::Stream stream;
+  cuda::Event start, stop;
+  variant(0, stream.get());
+  stream.sync();
+  start.record(stream.get());
+  for (int k = 0; k < rotations; ++k) variant(k, stream.get());
+  stop.record(stream.get());
+  return double(stop.elapsed_ms_since(start)) * 1e3 / rotations;
+}
+
+// The median of CUDA-graph replays, ~0.2 s of replays at most (5 at least).
+double time_us(const std::function<void(int, cudaStream_t)>& variant, int rotations) {
+  const double est = eager_us(variant, rotations);
+  const int replays = int(std::clamp(2e5 / std::max(est * rotations, 1.0), 5.0, 50.0));
+  return time_graph_us(variant, rotations, replays);
+}
+
+struct Row {
+  std::string shape;
+  int M;
+  double kernel_us;
+  std::optional<double> gemm_us;  // none: cuBLASLt has no plan for the shape on this GPU
+  double bytes, flops;
+};
+
+void bench_shape(const Shape& sh, double copy_gbs, std::vector<Row>& rows) {
+  if (!bench_selected("DSV4_LINEAR_BENCH_SHAPES", sh.name)) return;
+  const int N = sh.N, K = sh.K, kb = K / 128, nb = (N + 127) / 128;
+  const size_t w_bytes = sh.fp8 ? size_t(N) * K : size_t(N) * K * 2, s_bytes = sh.fp8 ? size_t(nb) * kb : 0;
+  const int copies = int(std::clamp(std::ceil(kRotationBytes / double(w_bytes + s_bytes)), 1.0, 128.0));
+  std::vector<Weights> weights(copies);
+  for (int c = 0; c < copies; ++c) {
+    weights[c].w = DeviceBuffer<uint8_t>(w_bytes);
+    if (sh.fp8) {
+      weights[c].scale = DeviceBuffer<uint8_t>(s_bytes);
+      fill_e4m3<<<4096, 256>>>(weights[c].w.get(), w_bytes, 2 * c + 1);
+      fill_ue8m0<<<256, 256>>>(weights[c].scale.get(), s_bytes, 2 * c + 2);
+    } else {
+      fill_bf16<<<4096, 256>>>(reinterpret_cast<uint16_t*>(weights[c].w.get()), w_bytes / 2, 2 * c + 1, 0.05f);
+    }
+  }
+  DSV4_CUDA_CHECK_LAUNCH();
+  // One instance per shape: its f32 scale cache is keyed by weight address, and the next shape's
+  // weights may reuse this shape's addresses.
+  cuda::LinearGemm gemm;
+  for (int M : kRows) {
+    if (!bench_selected("DSV4_LINEAR_BENCH_ROWS", std::to_string(M))) continue;
+    const int64_t m4 = cuda::LinearGemm::fp8_padded_rows(M);
+    const size_t y_bytes = size_t(m4) * N * (sh.fp8 ? 2 : 4);
+    const double act_bytes = double(M) * K * 2 + double(y_bytes) + (sh.fp8 ? double(m4) * K : 0.0);
+    const int rotations =
+        std::min(copies > 1 ? copies : 2,
+                 int(std::clamp(std::ceil(kRotationBytes / (double(w_bytes) + act_bytes)), 2.0, 128.0)));
+    std::vector<Activations> acts(rotations);
+    for (int r = 0; r < rotations; ++r) {
+      acts[r].x = DeviceBuffer<uint16_t>(size_t(M) * K);
+      acts[r].y = DeviceBuffer<uint8_t>(y_bytes);
+      if (sh.fp8) {
+        acts[r].q = DeviceBuffer<uint8_t>(size_t(m4) * K);
+        acts[r].s = DeviceBuffer<float>(size_t(m4) * kb);
+      }
+      fill_bf16<<<1024, 256>>>(acts[r].x.get(), acts[r].x.size(), 1000 + r, 1.f);
+    }
+    DSV4_CUDA_CHECK_LAUNCH();
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+    auto w_of = [&](int r) -> Weights& { return weights[r % copies]; };
+    Row row{fmt::format("{} [{} × {}] {}", sh.name, N, K, sh.fp8 ? "FP8" : "bf16 → f32"), M, 0, std::nullopt, 0, 0};
+    if (sh.fp8) {
+      row.kernel_us = time_us(
+          [&](int r, cudaStream_t s) {
+            Activations& a = acts[r];
+            cuda::linear_fp8_block(a.x.get(), M, K, w_of(r).w.get(), w_of(r).scale.get(), N, a.q.get(), a.s.get(),
+                                   reinterpret_cast<uint16_t*>(a.y.get()), s);
+          },
+          rotations);
+      if (gemm.fp8_block_available(M, K, N))
+        row.gemm_us = time_us(
+            [&](int r, cudaStream_t s) {
+              Activations& a = acts[r];
+              gemm.fp8_block(a.x.get(), M, K, w_of(r).w.get(), w_of(r).scale.get(), N, a.q.get(), a.s.get(),
+                             reinterpret_cast<uint16_t*>(a.y.get()), s);
+            },
+            rotations);
+    } else {
+      auto w16 = [&](int r) { return reinterpret_cast<const uint16_t*>(w_of(r).w.get()); };
+      row.kernel_us = time_us(
+          [&](int r, cudaStream_t s) {
+            cuda::linear_bf16w(acts[r].x.get(), false, M, K, K, 1, w16(r), N, acts[r].y.get(), true, s);
+          },
+          rotations);
+      if (gemm.bf16_available(M, K, K, 1, N, true))
+        row.gemm_us = time_us(
+            [&](int r, cudaStream_t s) { gemm.bf16(acts[r].x.get(), M, K, K, 1, w16(r), N, acts[r].y.get(), true, s); },
+            rotations);
+    }
+    row.bytes = double(w_bytes + s_bytes) + double(M) * K * 2 + double(M) * N * (sh.fp8 ? 2 : 4);
+    row.flops = 2.0 * M * double(N) * K;
+    rows.push_back(row);
+    const double best = row.gemm_us ? std::min(row.kernel_us, *row.gemm_us) : row.kernel_us;
+    fmt::print(stderr, "  {} M {}: kernel {:.1f} µs, cuBLASLt {}, {:.0f} GB/s ({:.0f}% of copy)\n", row.shape, M,
+               row.kernel_us, row.gemm_us ? fmt::format("{:.1f} µs", *row.gemm_us) : std::string("n/a"),
+               row.bytes / (best * 1e-6) / 1e9, 100.0 * row.bytes / (best * 1e-6) / 1e9 / copy_gbs);
+  }
+}
+
+}  // namespace
+
+void bench_linear() {
+  const double copy_gbs = measure_copy_bandwidth_gbs();
+  cuda::LinearGemm probe;
+  fmt::print("device-to-device copy bandwidth: {:.0f} GB/s (read + write)\n", copy_gbs);
+  fmt::print("time = median of CUDA-graph replays over rotating weight/activation copies (L2 not flushed; the\n"
+             "copies exceed it); FP8 times include the activation quantisation; bytes = weights + scales + x + y;\n"
+             "GB/s, % copy and TFLOP/s (2·M·N·K) are those of the faster path. cuBLASLt FP8: {}\n",
+             probe.fp8_supported() ? std::string("block-scaled (VEC128 activations × BLK128x128 weights)")
+                                   : "unavailable — " + probe.fp8_why_not());
+  std::vector<Row> rows;
+  for (const Shape& sh : kShapes) bench_shape(sh, copy_gbs, rows);
+
+  Table table({"shape", "M", "kernel µs", "cuBLASLt µs", "kernel / cuBLASLt", "faster", "GB/s", "% copy BW",
+               "TFLOP/s"});
+  for (const Row& r : rows) {
+    const bool gemm_faster = r.gemm_us && *r.gemm_us < r.kernel_us;
+    const double best = gemm_faster ? *r.gemm_us : r.kernel_us;
+    const double gbs = r.bytes / (best * 1e-6) / 1e9;
+    table.add({r.shape, fmt::format("{}", r.M), fmt::format("{:.1f}", r.kernel_us),
+               r.gemm_us ? fmt::format("{:.1f}", *r.gemm_us) : "n/a",
+               r.gemm_us ? fmt::format("{:.2f}×", r.kernel_us / *r.gemm_us) : "n/a",
+               gemm_faster ? "cuBLASLt" : "kernel", fmt::format("{:.0f}", gbs),
+               fmt::format("{:.1f}%", 100.0 * gbs / copy_gbs), fmt::format("{:.1f}", r.flops / (best * 1e-6) / 1e12)});
+  }
+  table.print(fmt::format("Dense linears, kernel vs cuBLASLt — copy bandwidth {:.0f} GB/s", copy_gbs));
+
+  // Where cuBLASLt wins from on (this M and every larger one timed): what kLinearGemmMinRows should be.
+  fmt::print("\ncuBLASLt faster from (this M and every larger one timed; kLinearGemmMinRows = {}):\n",
+             cuda::kLinearGemmMinRows);
+  for (size_t i = 0; i < rows.size();) {
+    size_t j = i;
+    while (j < rows.size() && rows[j].shape == rows[i].shape) ++j;
+    int from = -1;
+    for (size_t k = j; k-- > i;) {
+      if (!rows[k].gemm_us || *rows[k].gemm_us >= rows[k].kernel_us) break;
+      from = rows[k].M;
+    }
+    fmt::print("  {}: {}\n", rows[i].shape, from < 0 ? std::string("never (in this table)") : fmt::format("M = {}", from));
+    i = j;
+  }
+}
+
+}  // namespace dsv4::bench
