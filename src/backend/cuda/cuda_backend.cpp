@@ -257,22 +257,18 @@ Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) {
   DSV4_CHECK(w.format == WeightFormat::FP8_BLOCK, "linear {}: {} weights run through moe_experts", w.name,
              weight_format_name(w.format));
   DSV4_CHECK(w.in % 128 == 0, "linear {}: input width {} is not a multiple of 128", w.name, w.in);
-  if (rows && gemm_ && linear_path_uses_gemm(linear_mode_, rows) && gemm_->fp8_block_available(rows, w.in, w.out)) {
-    // The GEMM runs on a multiple of 4 rows (linear_gemm.h): the padding rows are scratch past the
-    // end of the returned view (the storage keeps their size class).
-    const int64_t padded = LinearGemm::fp8_padded_rows(rows);
-    Tensor out = alloc(DType::BF16, {padded, w.out});
-    out.shape[0] = rows;
-    Tensor q = alloc(DType::U8, {padded, w.in});
-    Tensor s = alloc(DType::F32, {w.in / 128, padded});
-    gemm_->fp8_block(x.ptr<uint16_t>(), rows, w.in, w.w, w.scale, w.out, q.ptr<uint8_t>(), s.ptr<float>(),
-                     out.ptr<uint16_t>(), stream());
-    return out;
-  }
   Tensor out = alloc(DType::BF16, {rows, w.out});
   if (!rows) return out;
   Tensor q = alloc(DType::U8, {rows, w.in});
   Tensor s = alloc(DType::F32, {rows, w.in / 128});
+  if (gemm_ && linear_path_uses_gemm(linear_mode_, rows, kFp8GemmMinRows) &&
+      gemm_->fp8_via_bf16_available(rows, w.in, w.out)) {
+    // Both operands as their exact bf16 values, one bf16 GEMM (linear_gemm.h).
+    Tensor xb = alloc(DType::BF16, {rows, w.in}), wb = alloc(DType::BF16, {w.out, w.in});
+    gemm_->fp8_via_bf16(x.ptr<uint16_t>(), rows, w.in, w.w, w.scale, w.out, q.ptr<uint8_t>(), s.ptr<float>(),
+                        xb.ptr<uint16_t>(), wb.ptr<uint16_t>(), out.ptr<uint16_t>(), stream());
+    return out;
+  }
   linear_fp8_block(x.ptr<uint16_t>(), rows, w.in, w.w, w.scale, w.out, q.ptr<uint8_t>(), s.ptr<float>(),
                    out.ptr<uint16_t>(), stream());
   return out;
@@ -282,7 +278,8 @@ void CudaBackend::dense_bf16w(const void* x, bool x_f32, int64_t rows, int K, in
                               const uint16_t* w, int N, void* y, bool y_f32) {
   if (!rows) return;
   // f32 inputs stay on the kernel (cuBLASLt would round them to bf16 or run a tf32 GEMM).
-  if (!x_f32 && gemm_ && linear_path_uses_gemm(linear_mode_, rows) && LinearGemm::bf16_aligned(x, w, y) &&
+  const int64_t min_rows = 2.0 * double(N) * K >= kBf16GemmAnyRowsBytes ? 1 : kBf16GemmMinRows;
+  if (!x_f32 && gemm_ && linear_path_uses_gemm(linear_mode_, rows, min_rows) && LinearGemm::bf16_aligned(x, w, y) &&
       gemm_->bf16_available(rows, K, x_row_stride, groups, N, y_f32))
     gemm_->bf16(static_cast<const uint16_t*>(x), rows, K, x_row_stride, groups, w, N, y, y_f32, stream());
   else
@@ -312,13 +309,13 @@ Tensor CudaBackend::grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int 
 }
 
 std::string CudaBackend::linear_paths() const {
-  const std::string fp8 = gemm_ && !gemm_->fp8_supported() ? fmt::format(" (FP8 on the kernel: {})", gemm_->fp8_why_not()) : "";
   switch (linear_mode_) {
     case LinearPathMode::Kernel: return "CUDA-core kernels (forced by DSV4_LINEAR_PATH)";
-    case LinearPathMode::CublasLt: return "cuBLASLt where it runs the shape (forced by DSV4_LINEAR_PATH)" + fp8;
+    case LinearPathMode::CublasLt: return "cuBLASLt bf16 GEMMs where they run the shape (forced by DSV4_LINEAR_PATH)";
     case LinearPathMode::Auto: break;
   }
-  return fmt::format("CUDA-core kernels below {} rows, cuBLASLt from {}", kLinearGemmMinRows, kLinearGemmMinRows) + fp8;
+  return fmt::format("CUDA-core kernels, cuBLASLt bf16 GEMMs from {} rows (FP8 weights dequantised: from {}; the head: always)",
+                     kBf16GemmMinRows, kFp8GemmMinRows);
 }
 
 Tensor CudaBackend::logits(const Tensor& h, const uint16_t* head, int vocab) {

@@ -237,6 +237,43 @@ void launch_bf16w(const void* x, int64_t rows, int K, int64_t x_row_stride, int 
                         N / groups, w, N, splits, y);
 }
 
+// 16 codes per thread → 16 bf16 values: code × scale, exact (see linear.h).
+template <bool kWeight>
+__global__ void __launch_bounds__(256) fp8_to_bf16_kernel(const uint8_t* __restrict__ codes,
+                                                         const void* __restrict__ scales, int64_t rows, int K,
+                                                         uint16_t* __restrict__ out) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int chunks = K / 16, kb = K / 128;
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= rows * chunks) return;
+  const int64_t r = i / chunks;
+  const int b = int(i % chunks) / 8;
+  const float s = kWeight ? e8m0_to_f32_dev(static_cast<const uint8_t*>(scales)[(r / 128) * kb + b])
+                          : static_cast<const float*>(scales)[r * kb + b];
+  float f[16];
+  e4m3x16_to_f32(__ldg(reinterpret_cast<const uint4*>(codes) + i), f);
+  uint32_t h[8];
+#pragma unroll
+  for (int j = 0; j < 8; ++j)
+    h[j] = uint32_t(f32_to_bf16_bits(f[2 * j] * s)) | uint32_t(f32_to_bf16_bits(f[2 * j + 1] * s)) << 16;
+  uint4* o = reinterpret_cast<uint4*>(out) + 2 * i;
+  o[0] = make_uint4(h[0], h[1], h[2], h[3]);
+  o[1] = make_uint4(h[4], h[5], h[6], h[7]);
+}
+
+template <bool kWeight>
+void launch_fp8_to_bf16(const uint8_t* codes, const void* scales, int64_t rows, int K, uint16_t* out, cudaStream_t stream) {
+  if (rows < 0 || K <= 0 || K % 128) fail("fp8 → bf16: {} rows, K {} (a positive multiple of 128)", rows, K);
+  if (!aligned16(codes) || !aligned16(out)) fail("fp8 → bf16: codes and output must be 16-byte aligned");
+  const int64_t threads = rows * (K / 16);
+  if (!threads) return;
+  if ((threads + 255) / 256 > INT_MAX) fail("fp8 → bf16: {} rows of {} is too many", rows, K);
+  launch_programmatic(fp8_to_bf16_kernel<kWeight>, dim3(unsigned((threads + 255) / 256)), dim3(256), 0, stream, codes,
+                      scales, rows, K, out);
+  DSV4_CUDA_CHECK_LAUNCH();
+}
+
 }  // namespace
 
 void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
@@ -252,6 +289,14 @@ void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, 
   launch_programmatic(linear_fp8_block_kernel, linear_grid(rows, N, splits), dim3(kColsPerBlock * 32), 0, stream, act_q,
                       act_scale, rows, K, w, w_scale, N, splits, y);
   DSV4_CUDA_CHECK_LAUNCH();
+}
+
+void fp8_weight_to_bf16(const uint8_t* w, const uint8_t* w_scale, int64_t N, int K, uint16_t* out, cudaStream_t stream) {
+  launch_fp8_to_bf16<true>(w, w_scale, N, K, out, stream);
+}
+
+void fp8_rows_to_bf16(const uint8_t* q, const float* scale, int64_t rows, int K, uint16_t* out, cudaStream_t stream) {
+  launch_fp8_to_bf16<false>(q, scale, rows, K, out, stream);
 }
 
 void linear_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,

@@ -1,10 +1,10 @@
 // The dense linears of the CUDA backend (SPEC §2.2–2.3, §3.3, §3.7, §3.8), CUDA-core kernels shaped
 // for decode: one warp per output column reads its weight row once for up to 8 input rows per pass
-// (a block covers 8 columns × 64 rows), f32 accumulation, one rounding at the output. From
-// kLinearGemmMinRows rows (prefill) CudaBackend runs the FP8 and bf16-input linears on cuBLASLt's
-// tensor-core GEMMs instead (linear_gemm.h); these kernels stay the decode path, the f32-input path
-// and the fallback wherever cuBLASLt cannot run a shape (block-scaled FP8 is sm_90-only, so sm_120
-// runs every FP8 linear here). All pointers are device memory; functions only enqueue.
+// (a block covers 8 columns × 64 rows; narrow linears split K over several warps per column), f32
+// accumulation, one rounding at the output. From the row counts of linear_gemm.h CudaBackend runs
+// the bf16-input linears, and the FP8 ones as bf16 GEMMs of their exact dequantised values, on
+// cuBLASLt's tensor cores instead; these kernels stay the decode path, the f32-input path and the
+// fallback wherever cuBLASLt cannot run a shape. All pointers are device memory; functions only enqueue.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -26,5 +26,12 @@ void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, 
 // and x, w are 16-byte aligned; element loads otherwise.
 void linear_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,
                   int N, void* y, bool y_f32, cudaStream_t stream);
+
+// FP8 block codes → their exact values in bf16 (an e4m3 code times a power-of-two scale is a bf16
+// value), for running an FP8_BLOCK linear as a bf16 GEMM with the same products (linear_gemm.h).
+// Weights: w e4m3 [N, K] with ue8m0 scales [⌈N/128⌉, K/128]; activations: q e4m3 [rows, K] with
+// act_quant_fp8's f32 scales [rows, K/128]. out bf16, same shape. K a multiple of 128; all 16-byte aligned.
+void fp8_weight_to_bf16(const uint8_t* w, const uint8_t* w_scale, int64_t N, int K, uint16_t* out, cudaStream_t stream);
+void fp8_rows_to_bf16(const uint8_t* q, const float* scale, int64_t rows, int K, uint16_t* out, cudaStream_t stream);
 
 }  // namespace dsv4::cuda

@@ -48,13 +48,17 @@ enum class LinearPathMode { Auto, Kernel, CublasLt };
 LinearPathMode linear_path_mode_from_env();
 const char* linear_path_mode_name(LinearPathMode mode);
 
-// The rows from which the auto mode runs the dense linears on cuBLASLt instead of the decode
-// kernels. A conservative default until measured on the GPU: to be set from `dsv4 bench-ops linear`
-// (the smallest M from which cuBLASLt is faster on every Flash shape of its table).
-constexpr int64_t kLinearGemmMinRows = 128;
+// The rows from which the auto mode runs a linear on cuBLASLt instead of the decode kernels, from
+// `dsv4 bench-ops linear` on the H200 (docs/perf/2026-12-01-decode-profile.md): bf16 weights from
+// 16 rows (below, cuBLASLt's ~11–16 µs floor loses to the kernels on the narrow linears), the head
+// (≥ 256 MB of weight) at every row count (1.15× at one row, 34× at 64); FP8 weights, which go
+// through a bf16 GEMM of their dequantised values (fp8_via_bf16), from 32 rows.
+constexpr int64_t kBf16GemmMinRows = 16;
+constexpr double kBf16GemmAnyRowsBytes = 256e6;
+constexpr int64_t kFp8GemmMinRows = 32;
 
-inline bool linear_path_uses_gemm(LinearPathMode mode, int64_t rows) {
-  return mode == LinearPathMode::CublasLt || (mode == LinearPathMode::Auto && rows >= kLinearGemmMinRows);
+inline bool linear_path_uses_gemm(LinearPathMode mode, int64_t rows, int64_t min_rows) {
+  return mode == LinearPathMode::CublasLt || (mode == LinearPathMode::Auto && rows >= min_rows);
 }
 
 class LinearGemm {
@@ -71,6 +75,19 @@ class LinearGemm {
 
   // Rows the FP8 GEMM runs on for `rows` input rows (the buffers' row count: act_q, y).
   static int64_t fp8_padded_rows(int64_t rows) { return (rows + 3) / 4 * 4; }
+
+  // CpuBackend::linear for FP8_BLOCK weights as a bf16 GEMM: the activations quantised as the
+  // kernel does (act_quant_fp8: act_q e4m3 [rows, K], act_scale f32 [rows, K/128]), both operands
+  // turned into their exact bf16 values (x_bf16 [rows, K], w_bf16 [N, K] scratch; linear.h
+  // fp8_*_to_bf16), then bf16(x_bf16 · w_bf16ᵀ) with f32 accumulation: the reference's products,
+  // summed in f32 — within the f32 bound the kernel meets. y bf16 [rows, N]. This, not fp8_block,
+  // is what the backend runs: fp8_block's block-scaled FP8 accumulates each 128-block below f32 on
+  // Hopper and leaves that bound (1–2% of outputs, up to ~2800× it; golden layer_out.0 at 5.3e-2
+  // against the 3e-2 limit), so it is kept for the benchmark's comparison only.
+  bool fp8_via_bf16_available(int64_t rows, int K, int N) { return bf16_available(rows, K, K, 1, N, false); }
+  void fp8_via_bf16(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
+                    uint8_t* act_q, float* act_scale, uint16_t* x_bf16, uint16_t* w_bf16, uint16_t* y,
+                    cudaStream_t stream);
 
   // Whether fp8_block can run this shape (host only; the heuristic query is made once per shape).
   bool fp8_block_available(int64_t rows, int K, int N);
