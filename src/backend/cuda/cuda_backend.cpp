@@ -261,7 +261,7 @@ Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) {
   if (!rows) return out;
   Tensor q = alloc(DType::U8, {rows, w.in});
   Tensor s = alloc(DType::F32, {rows, w.in / 128});
-  if (gemm_ && linear_path_uses_gemm(linear_mode_, rows, kFp8GemmMinRows) &&
+  if (gemm_ && linear_path_uses_gemm(linear_mode_, rows, fp8_gemm_min_rows(w.out, w.in)) &&
       gemm_->fp8_via_bf16_available(rows, w.in, w.out)) {
     // Both operands as their exact bf16 values, one bf16 GEMM (linear_gemm.h).
     Tensor xb = alloc(DType::BF16, {rows, w.in}), wb = alloc(DType::BF16, {w.out, w.in});
@@ -314,8 +314,8 @@ std::string CudaBackend::linear_paths() const {
     case LinearPathMode::CublasLt: return "cuBLASLt bf16 GEMMs where they run the shape (forced by DSV4_LINEAR_PATH)";
     case LinearPathMode::Auto: break;
   }
-  return fmt::format("CUDA-core kernels, cuBLASLt bf16 GEMMs from {} rows (FP8 weights dequantised: from {}; the head: always)",
-                     kBf16GemmMinRows, kFp8GemmMinRows);
+  return fmt::format("CUDA-core kernels, cuBLASLt bf16 GEMMs from {} rows (FP8 weights dequantised: from {} or {} by size; "
+                     "the head: always)", kBf16GemmMinRows, kFp8GemmMinRowsLarge, kFp8GemmMinRows);
 }
 
 Tensor CudaBackend::logits(const Tensor& h, const uint16_t* head, int vocab) {
