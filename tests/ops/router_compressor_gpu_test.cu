@@ -220,6 +220,15 @@ TEST(Compressor, OverlappingRatio4) {
   }
 }
 
+// Chunks past 4·ratio tokens pool every completed entry in parallel and walk only the last two
+// windows for the state (compressor.cu): chunks starting at every phase, then decode after them.
+TEST(Compressor, LongChunksPoolInParallel) {
+  check_compressor(4, 512, {2, 1000, 17, 333, 1, 1});
+  check_compressor(4, 128, {3, 64, 65, 1});
+  check_compressor(128, 512, {200, 700, 1300, 1, 1});
+  check_compressor(128, 512, {1024, 600, 513});
+}
+
 TEST(Compressor, Ratio128) {
   check_compressor(128, 512, {1, 4, 33, 300});
   check_compressor(128, 512, {127, 1, 128, 5});
@@ -231,6 +240,8 @@ TEST(RouterCompressorSanitizer, Small) {
   check_route(RouteMode::Hash, 3, 40, 6, 128);
   check_compressor(4, 64, {5, 3});
   check_compressor(128, 32, {130});
+  check_compressor(4, 64, {3, 40, 1});
+  check_compressor(128, 32, {600, 2});
 }
 
 }  // namespace
