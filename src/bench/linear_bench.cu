@@ -19,6 +19,7 @@
 #include "backend/cuda/cuda_utils.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/linear_gemm.h"
+#include "bench/bench_random.cuh"
 #include "bench/bench_utils.h"
 #include "bench/op_benchmarks.h"
 
@@ -40,14 +41,6 @@ constexpr Shape kShapes[] = {
 };
 constexpr int kRows[] = {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048, 8192};
 constexpr double kRotationBytes = 200e6;
-
-__device__ uint32_t hash32(uint64_t i, uint32_t salt) {
-  uint64_t x = i * 0x9E3779B97F4A7C15ull + salt;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return uint32_t(x >> 16);
-}
 
 // e4m3 codes without the NaNs (0x7f, 0xff), ue8m0 scales 2^-7 … 2^2, bf16 values in (−scale, scale).
 __global__ void fill_e4m3(uint8_t* p, size_t n, uint32_t salt) {

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "backend/cuda/moe_fp4.h"
+#include "bench/bench_random.cuh"
 #include "bench/bench_utils.h"
 #include "bench/op_benchmarks.h"
 #include "core/dtypes.h"
@@ -31,14 +32,6 @@ using cuda::DeviceBuffer;
     cublasStatus_t st_ = (expr);                                                 \
     if (st_ != CUBLAS_STATUS_SUCCESS) fail("cuBLAS error {} at {}:{}", int(st_), __FILE__, __LINE__); \
   } while (0)
-
-__device__ uint32_t hash32(uint64_t i, uint32_t salt) {
-  uint64_t x = i * 0x9E3779B97F4A7C15ull + salt;
-  x ^= x >> 31;
-  x *= 0xBF58476D1CE4E5B9ull;
-  x ^= x >> 29;
-  return uint32_t(x >> 16);
-}
 
 // Random weights straight in the unit layout (every e2m1 code; plausible scale bytes).
 __global__ void fill_random_bytes(uint8_t* p, size_t n, uint32_t salt) {

@@ -11,16 +11,18 @@
 namespace dsv4::test {
 namespace {
 
+// The "ids" array of a `generate --json` result, as text ("" when absent).
+std::string tokens(const std::string& out) {
+  const size_t p = out.find("\"ids\"");
+  return p == std::string::npos ? std::string() : out.substr(p, out.find(']', p) - p);
+}
+
 TEST(SyntheticModel, SameSpecSameWeightsAndBothExpertFormats) {
   const std::string gen = " --prompt-ids 5,6,7,8 -n 6 --json";
   CommandResult a = run_dsv4("generate --model synthetic:tiny,seed=7" + gen);
   ASSERT_EQ(a.rc, 0) << a.out;
   CommandResult b = run_dsv4("generate --model synthetic:tiny,seed=7" + gen);
   ASSERT_EQ(b.rc, 0) << b.out;
-  auto tokens = [](const std::string& out) {
-    const size_t p = out.find("\"ids\"");
-    return p == std::string::npos ? std::string() : out.substr(p, out.find(']', p) - p);
-  };
   EXPECT_FALSE(tokens(a.out).empty()) << a.out;
   EXPECT_EQ(tokens(a.out), tokens(b.out));
   CommandResult other = run_dsv4("generate --model synthetic:tiny,seed=8" + gen);
@@ -80,10 +82,6 @@ TEST(SyntheticModel, WrittenToDiskLoadsAsTheSameModel) {
   ASSERT_EQ(disk.rc, 0) << disk.out;
   CommandResult made = run_dsv4("generate --model synthetic:tiny,layers=3,seed=5" + gen);
   ASSERT_EQ(made.rc, 0) << made.out;
-  auto tokens = [](const std::string& out) {
-    const size_t p = out.find("\"ids\"");
-    return p == std::string::npos ? std::string() : out.substr(p, out.find(']', p) - p);
-  };
   EXPECT_FALSE(tokens(disk.out).empty()) << disk.out;
   EXPECT_EQ(tokens(disk.out), tokens(made.out));
   CommandResult inspect = run_dsv4("inspect --model " + dir);
