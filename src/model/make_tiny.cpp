@@ -18,11 +18,9 @@ namespace dsv4 {
 
 using json = nlohmann::json;
 
-namespace {
-
 // The embedded default: tiny-a's shape (SPEC §1.1 fields, sizes shrunk) with the full vocabulary,
 // so the project's tokenizer can drive it.
-json default_tiny_config() {
+nlohmann::json default_tiny_config() {
   return json{
       {"architectures", {"DeepseekV4ForCausalLM"}}, {"model_type", "deepseek_v4"}, {"attention_bias", false},
       {"attention_dropout", 0.0}, {"bos_token_id", 0}, {"eos_token_id", 1}, {"expert_dtype", "fp4"},
@@ -43,6 +41,8 @@ json default_tiny_config() {
       {"transformers_version", "4.57.1"}, {"use_cache", true}, {"vocab_size", 129280}, {"compress_rope_theta", 160000},
       {"compress_ratios", {0, 4, 128, 4, 128, 0}}};
 }
+
+namespace {
 
 class TensorMaker {
  public:

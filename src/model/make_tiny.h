@@ -3,6 +3,7 @@
 #pragma once
 #include <cstdint>
 #include <map>
+#include <nlohmann/json.hpp>
 #include <string>
 
 namespace dsv4 {
@@ -19,5 +20,9 @@ struct TinyModelOptions {
 // Writes config.json, two shards + model.safetensors.index.json (and hf_quant_config.json for
 // nvfp4). Returns the number of tensors written.
 int make_tiny_model(const TinyModelOptions& opts);
+
+// The embedded default's config.json: tiny-a's shape (the golden fixtures') with DeepSeek-V4's
+// every other field and the full vocabulary. The synthetic models start from it too.
+nlohmann::json default_tiny_config();
 
 }  // namespace dsv4

@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/log.h"
 #include "core/thread_pool.h"
+#include "model/make_tiny.h"
 
 namespace dsv4 {
 
@@ -22,27 +23,9 @@ using json = nlohmann::json;
 
 namespace {
 
-json base_config() {
-  return json{
-      {"architectures", {"DeepseekV4ForCausalLM"}}, {"model_type", "deepseek_v4"}, {"attention_bias", false},
-      {"attention_dropout", 0.0}, {"bos_token_id", 0}, {"eos_token_id", 1}, {"expert_dtype", "fp4"}, {"hc_eps", 1e-6},
-      {"hc_mult", 4}, {"hc_sinkhorn_iters", 20}, {"head_dim", 512}, {"hidden_act", "silu"}, {"index_head_dim", 128},
-      {"initializer_range", 0.02}, {"max_position_embeddings", 1048576}, {"n_shared_experts", 1},
-      {"norm_topk_prob", true}, {"num_experts_per_tok", 6}, {"num_key_value_heads", 1}, {"num_nextn_predict_layers", 1},
-      {"qk_rope_head_dim", 64},
-      {"quantization_config",
-       {{"activation_scheme", "dynamic"}, {"fmt", "e4m3"}, {"quant_method", "fp8"}, {"scale_fmt", "ue8m0"},
-        {"weight_block_size", {128, 128}}}},
-      {"rms_norm_eps", 1e-6},
-      {"rope_scaling", {{"beta_fast", 32}, {"beta_slow", 1}, {"factor", 16}, {"original_max_position_embeddings", 65536}, {"type", "yarn"}}},
-      {"rope_theta", 10000}, {"scoring_func", "sqrtsoftplus"}, {"sliding_window", 128}, {"swiglu_limit", 10.0},
-      {"tie_word_embeddings", false}, {"topk_method", "noaux_tc"}, {"torch_dtype", "bfloat16"},
-      {"transformers_version", "4.57.1"}, {"use_cache", true}, {"vocab_size", 129280}, {"compress_rope_theta", 160000}};
-}
-
 // SPEC §1.1 (Flash) and §1.2: layers 0, 1 SWA, then CSA / HCA alternating, the last main layer CSA.
 json flash_config() {
-  json c = base_config();
+  json c = default_tiny_config();  // every field but the shape
   const json flash = {{"hidden_size", 4096}, {"num_hidden_layers", 43}, {"num_attention_heads", 64},
                            {"q_lora_rank", 1024}, {"o_groups", 8}, {"o_lora_rank", 1024}, {"index_n_heads", 64},
                            {"index_topk", 512}, {"n_routed_experts", 256}, {"moe_intermediate_size", 2048},
@@ -52,17 +35,6 @@ json flash_config() {
   for (int l = 2; l < 43; ++l) ratios.push_back(l % 2 == 0 ? 4 : 128);
   ratios.push_back(0);  // MTP
   c["compress_ratios"] = ratios;
-  return c;
-}
-
-// The fixtures' shape (tiny-a, make-tiny's default).
-json tiny_config() {
-  json c = base_config();
-  const json tiny = {{"hidden_size", 128}, {"num_hidden_layers", 5}, {"num_attention_heads", 4}, {"q_lora_rank", 128},
-                           {"o_groups", 2}, {"o_lora_rank", 128}, {"index_n_heads", 4}, {"index_topk", 16},
-                           {"n_routed_experts", 8}, {"moe_intermediate_size", 256}, {"routed_scaling_factor", 1.5},
-                           {"num_hash_layers", 2}, {"compress_ratios", {0, 4, 128, 4, 128, 0}}};
-  for (auto& [k, v] : tiny.items()) c[k] = v;
   return c;
 }
 
@@ -96,7 +68,7 @@ SyntheticSource::SyntheticSource(const std::string& spec) : spec_(spec) {
   }
   json cfg;
   if (parts[0] == "flash") cfg = flash_config();
-  else if (parts[0] == "tiny") cfg = tiny_config();
+  else if (parts[0] == "tiny") cfg = default_tiny_config();  // the fixtures' shape
   else fail("{}: unknown synthetic model '{}' (flash or tiny)", spec, parts[0]);
   for (size_t i = 1; i < parts.size(); ++i) {
     const size_t eq = parts[i].find('=');
