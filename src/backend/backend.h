@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/dtypes.h"
+#include "backend/random_fill.h"
 #include "backend/sampling_params.h"
 #include "backend/weight_types.h"
 
@@ -47,9 +48,15 @@ struct Routing {
   Tensor weights;  // F32 [T, k]
 };
 
-// One compressor's incremental state for one sequence (SPEC §3.4): rows × (coff·d) of (a, g), f32.
-struct CompressorState {
-  Tensor kv, score;  // F32 [coff·ratio, coff·d]
+// One compressor's running state (SPEC §3.4) for every sequence of one layer: slot s is one
+// sequence's coff·ratio rows × coff·d columns of (kv, score), f32 (coff = 2 when ratio == 4, else 1).
+// Owned by the backend (it outlives steps); a step names each span's slot in its descriptor, so
+// one op updates every sequence of a step and a recorded step is valid for any sequences.
+struct CompressorStates {
+  int ratio = 0, d = 0;
+  int64_t slots = 0;  // capacity
+  Tensor kv, score;   // F32 [slots, coff·ratio, coff·d]
+  int64_t slot_floats() const { return int64_t(ratio == 4 ? 2 : 1) * ratio * (ratio == 4 ? 2 : 1) * d; }
 };
 
 // Fixed-size cache entries (FP8 KV entries of SPEC §4.2, or FP4 indexer keys) in pages of
@@ -78,8 +85,9 @@ enum class StepIndexKind {
   AttentionLists,       // [T, W + C]: the window (oldest first, −1 padded to W; this step's rows from
                         //      scratch), then the compressed part: ratio 4 the indexer's choices
                         //      (`topk` positions → `compressed`), ratio 128 every entry j < (pos+1)/128
-  CompressedEntries,    // [E]: the entries this step completes, span by span (`compressed` entry j)
-  CompressedPositions,  // [E]: their first positions, ratio · j
+  CompressedEntries,    // [E]: the entries this step completes, span by span (`compressed` entry j),
+                        //      then −1 up to `count` (a fixed-shape step's capacity)
+  CompressedPositions,  // [E]: their first positions, ratio · j (padding: 0)
   KeyCounts,            // [T]: the indexer keys row r sees, (pos + 1) / ratio
 };
 struct StepIndexArgs {
@@ -128,6 +136,9 @@ class Backend {
   virtual void begin_capture();
   virtual std::unique_ptr<CapturedWork> end_capture();
   virtual void replay(const CapturedWork& work);
+  // Changes whenever memory a recording may address is replaced (a workspace, cache pool or state
+  // grown by moving it): recordings made under another value must not be replayed.
+  virtual uint64_t recording_epoch() const { return 0; }
   // Profiling (backend/profiling_backend.h): mark() records a point in the backend's queue of work
   // and returns its index; once the work ran (synchronize), elapsed_ms(a, b) is the time between
   // two marks. The default is the host's clock, right for a backend whose ops run as they are
@@ -139,6 +150,12 @@ class Backend {
   // Memory.
   virtual Tensor alloc(DType dtype, std::vector<int64_t> shape) = 0;
   virtual Tensor from_host(DType dtype, std::vector<int64_t> shape, const void* data) = 0;
+  // dst.nbytes() bytes from the host into existing memory, in queue order (how a recorded step's
+  // descriptor is refilled); `data` may be reused once the call returns.
+  virtual void upload(const Tensor& dst, const void* data) = 0;
+  // A tensor of random values made in backend memory (backend/random_fill.h: the bytes
+  // random_fill_reference makes on the host), owned by the returned tensor (not the step pool).
+  virtual Tensor generate(const RandomFill& fill, DType dtype, std::vector<int64_t> shape) = 0;
   virtual void to_host(const Tensor& t, void* dst) = 0;
   virtual void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) = 0;
   // Rows rows[i] (I32 [n]) of src, as bytes, into a new [n, ...] tensor of src's dtype.
@@ -188,11 +205,17 @@ class Backend {
   virtual Tensor indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
                               const KeyTables& keys, int k) = 0;
 
-  // Compressor (SPEC §3.4): consume projections (a, g) of one sequence's tokens at positions
-  // pos0.., update the state, and return the pooled f32 rows of the entries completed (may be 0 rows).
-  virtual Tensor compressor_update(const Tensor& a, const Tensor& g, int64_t row0, int64_t n, int64_t pos0,
-                                   const float* ape, int ratio, int d, CompressorState& state) = 0;
-  virtual void compressor_state_init(CompressorState& state, int ratio, int d) = 0;
+  // Compressor (SPEC §3.4). The states grow by slots, keeping their contents; a slot starts as
+  // kv = 0, score = −inf. compressor_update consumes the projections (a, g: F32 [T, coff·d]) of
+  // every span of the step in order (span s: rows row0.. at positions pos0.., state slot
+  // slots[s], I32 [S]) and returns the pooled f32 rows of the entries the step completes, span
+  // by span, in `capacity` rows (rows past them are 0: a fixed-shape step pads). max_span_rows
+  // (the longest span) only chooses how the work is laid out.
+  virtual void grow_compressor_states(CompressorStates& states, int64_t slots) = 0;
+  virtual void compressor_state_init(CompressorStates& states, int64_t slot) = 0;
+  virtual Tensor compressor_update(const Tensor& a, const Tensor& g, const StepTables& step, const Tensor& slots,
+                                   int64_t capacity, int64_t max_span_rows, const float* ape,
+                                   CompressorStates& states) = 0;
   virtual Tensor to_bf16(const Tensor& x) = 0;
 
   // MoE (SPEC §3.7).

@@ -221,15 +221,16 @@ Tensor ProfilingBackend::indexer_topk(const Tensor& q, const Tensor& head_weight
                });
 }
 
-Tensor ProfilingBackend::compressor_update(const Tensor& a, const Tensor& g, int64_t row0, int64_t n, int64_t pos0,
-                                           const float* ape, int ratio, int d, CompressorState& state) {
-  // Each token writes its state row (kv and score); completing an entry reads the whole state.
+Tensor ProfilingBackend::compressor_update(const Tensor& a, const Tensor& g, const StepTables& step, const Tensor& slots,
+                                           int64_t capacity, int64_t max_span_rows, const float* ape,
+                                           CompressorStates& states) {
+  // Each row writes its state row (kv and score); completing an entry reads its slot's state.
   const double row_bytes = a.rows() ? 2 * bytes(a) / double(a.rows()) : 0;  // a and g
-  const double state_row = state.kv.rows() ? 2 * bytes(state.kv) / double(state.kv.rows()) : 0;
-  Tensor out = timed("compressor_update", cache_and(state_row * double(n), row_bytes * double(n)),
-                     [&] { return inner_->compressor_update(a, g, row0, n, pos0, ape, ratio, d, state); });
-  if (on_ && out.rows()) pending_.back().record.cost.cache += bytes(state.kv) + bytes(state.score);
-  return out;
+  const double slot_bytes = 2.0 * double(states.slot_floats()) * 4;
+  const double state_row = slot_bytes / double((states.ratio == 4 ? 2 : 1) * states.ratio);
+  const double rows = double(a.rows());
+  return timed("compressor_update", cache_and(state_row * rows + slot_bytes * double(capacity), row_bytes * rows),
+               [&] { return inner_->compressor_update(a, g, step, slots, capacity, max_span_rows, ape, states); });
 }
 Tensor ProfilingBackend::to_bf16(const Tensor& x) {
   return timed("to_bf16", act(bytes(x)), [&] { return inner_->to_bf16(x); });

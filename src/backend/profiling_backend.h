@@ -49,6 +49,7 @@ class ProfilingBackend final : public Backend {
   void prepare_experts(MoeWeights& w, float swiglu_limit) override { inner_->prepare_experts(w, swiglu_limit); }
   void synchronize() override { inner_->synchronize(); }
   bool can_capture() const override { return inner_->can_capture(); }
+  uint64_t recording_epoch() const override { return inner_->recording_epoch(); }
   void begin_capture() override;
   std::unique_ptr<CapturedWork> end_capture() override { return inner_->end_capture(); }
   void replay(const CapturedWork& work) override { inner_->replay(work); }
@@ -58,6 +59,10 @@ class ProfilingBackend final : public Backend {
 
   Tensor alloc(DType dtype, std::vector<int64_t> shape) override { return inner_->alloc(dtype, std::move(shape)); }
   Tensor from_host(DType dtype, std::vector<int64_t> shape, const void* data) override;
+  void upload(const Tensor& dst, const void* data) override { inner_->upload(dst, data); }
+  Tensor generate(const RandomFill& fill, DType dtype, std::vector<int64_t> shape) override {
+    return inner_->generate(fill, dtype, std::move(shape));
+  }
   void to_host(const Tensor& t, void* dst) override { inner_->to_host(t, dst); }
   void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) override;
   Tensor gather_rows(const Tensor& src, const Tensor& rows) override;
@@ -90,9 +95,10 @@ class ProfilingBackend final : public Backend {
   Tensor indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
                       const KeyTables& keys, int k) override;
 
-  Tensor compressor_update(const Tensor& a, const Tensor& g, int64_t row0, int64_t n, int64_t pos0, const float* ape,
-                           int ratio, int d, CompressorState& state) override;
-  void compressor_state_init(CompressorState& state, int ratio, int d) override { inner_->compressor_state_init(state, ratio, d); }
+  void grow_compressor_states(CompressorStates& states, int64_t slots) override { inner_->grow_compressor_states(states, slots); }
+  void compressor_state_init(CompressorStates& states, int64_t slot) override { inner_->compressor_state_init(states, slot); }
+  Tensor compressor_update(const Tensor& a, const Tensor& g, const StepTables& step, const Tensor& slots,
+                           int64_t capacity, int64_t max_span_rows, const float* ape, CompressorStates& states) override;
   Tensor to_bf16(const Tensor& x) override;
 
   Routing route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) override;

@@ -20,6 +20,7 @@ struct TensorRef {
   const uint8_t* data = nullptr;
   size_t nbytes = 0;
   std::string file;  // file name (no directory), for error messages
+  bool in_backend = false;  // `data` is backend memory (a weight generated in place): never read on the host
 
   int64_t numel() const {
     int64_t n = 1;

@@ -2,9 +2,12 @@
 #include "model/dsv4.h"
 
 #include <algorithm>
+#include <bit>
 #include <cmath>
+#include <cstdlib>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace dsv4 {
 
@@ -53,16 +56,49 @@ Dsv4Model::Dsv4Model(std::unique_ptr<ModelWeights> weights, Backend& backend)
   for (RopeTable* t : {&rope_plain_, &rope_yarn_})
     t->device = static_cast<const float*>(backend_.place_weight(t->inv_freq.data(), t->inv_freq.size() * 4));
   for (int l = 0; l < c.total_layers(); ++l) caches_.push_back(std::make_unique<LayerCaches>(backend_));
+  graph_mode_ = backend_.can_capture() ? DecodeGraphs::Record : DecodeGraphs::Off;
+  if (const char* env = std::getenv("DSV4_DECODE_GRAPHS")) {
+    const std::string v = env;
+    if (v == "off") graph_mode_ = DecodeGraphs::Off;
+    else if (v == "pad") graph_mode_ = DecodeGraphs::Pad;
+    else if (v == "record") set_decode_graphs(DecodeGraphs::Record);
+    else fail("DSV4_DECODE_GRAPHS={}: expected off, pad or record", v);
+  }
 }
 
+// A recorded decode step: its descriptor buffer (the forward part, refilled before each replay),
+// the recording, and the head's logits it leaves (memory the recording owns).
+struct Dsv4Model::DecodeGraph {
+  bool warmed = false;     // one step of this shape ran as called (workspaces grown)
+  bool eager_only = false; // recording it failed: run it as called
+  int64_t words = 0;       // the descriptor's forward part
+  Tensor descriptor;
+  std::unique_ptr<CapturedWork> work;
+  Tensor logits;
+};
+
 Dsv4Model::~Dsv4Model() = default;
+
+void Dsv4Model::set_decode_graphs(DecodeGraphs mode) {
+  DSV4_CHECK(mode != DecodeGraphs::Record || backend_.can_capture(), "decode graphs: the {} backend cannot record steps",
+             backend_.name());
+  graph_mode_ = mode;
+  graphs_.clear();
+}
+
+Dsv4Model::GraphStats Dsv4Model::graph_stats() const {
+  GraphStats s = graph_stats_;
+  s.recordings = 0;
+  for (auto& [k, g] : graphs_) s.recordings += g->work != nullptr;
+  return s;
+}
 
 LayerState Dsv4Model::make_layer_state(const BlockWeights& block, LayerCaches& caches) {
   const ModelConfig& c = config();
   LayerState s;
   for (int p = 0; p < (c.window + kPageEntries - 1) / kPageEntries; ++p) s.window_pages.push_back(caches.kv.alloc());
-  if (block.ratio) backend_.compressor_state_init(s.compressor, block.ratio, c.head_dim);
-  if (block.ratio == 4) backend_.compressor_state_init(s.index_compressor, 4, c.index_head_dim);
+  if (block.ratio) s.compressor_slot = caches.compressor.alloc(block.ratio, c.head_dim);
+  if (block.ratio == 4) s.index_compressor_slot = caches.index_compressor.alloc(4, c.index_head_dim);
   return s;
 }
 
@@ -70,6 +106,8 @@ void Dsv4Model::release_layer_state(LayerState& s, LayerCaches& caches) {
   for (auto p : s.window_pages) caches.kv.free(p);
   for (auto p : s.comp_pages) caches.kv.free(p);
   for (auto p : s.key_pages) caches.keys.free(p);
+  if (s.compressor_slot >= 0) caches.compressor.free(s.compressor_slot);
+  if (s.index_compressor_slot >= 0) caches.index_compressor.free(s.index_compressor_slot);
   s = LayerState{};
 }
 
@@ -101,7 +139,9 @@ Tensor Dsv4Model::embed_streams(const StepPlan& plan) {
   return view(backend_.embed(plan.stream_tokens, weights_->embed, c.dim), {plan.rows, c.hc_mult, c.dim});
 }
 
-StepPlan Dsv4Model::plan_step(const std::vector<BatchItem>& batch) {
+StepPlan Dsv4Model::plan_step(const std::vector<BatchItem>& batch) { return build_step_plan(backend_, plan_request(batch)); }
+
+PlanRequest Dsv4Model::plan_request(const std::vector<BatchItem>& batch) {
   const ModelConfig& c = config();
   PlanRequest rq;
   rq.hc_mult = c.hc_mult;
@@ -147,10 +187,17 @@ StepPlan Dsv4Model::plan_step(const std::vector<BatchItem>& batch) {
     }
     rows += n;
   }
-  return build_step_plan(backend_, rq);
+  return rq;
 }
 
 StepResult Dsv4Model::run_step(const StepPlan& plan) {
+  StepResult r;
+  r.logits = run_forward(plan);
+  sample_head(plan, r);
+  return r;
+}
+
+Tensor Dsv4Model::run_forward(const StepPlan& plan) {
   const ModelConfig& c = config();
   auto region = [this](int l) {
     if (on_block) on_block(l);
@@ -163,10 +210,12 @@ StepResult Dsv4Model::run_step(const StepPlan& plan) {
     X = run_block(weights_->blocks[size_t(l)], X, plan, size_t(l));
   }
   region(c.n_layers);
-  StepResult r;
   const int64_t P = plan.head_rows.numel();
   Tensor Xp = view(backend_.gather_rows(view(X, {plan.rows, c.hc_mult * c.dim}), plan.head_rows), {P, c.hc_mult, c.dim});
-  r.logits = head_logits(Xp, weights_->hc_head, weights_->norm);
+  return head_logits(Xp, weights_->hc_head, weights_->norm);
+}
+
+void Dsv4Model::sample_head(const StepPlan& plan, StepResult& r) {
   if (plan.sample_rows.numel()) {
     // The sampled rows of the head's output (a copy where penalties will rewrite them).
     Tensor rows = plan.sample_all_rows && !plan.penalties ? r.logits : backend_.gather_rows(r.logits, plan.sample_rows);
@@ -177,7 +226,6 @@ StepResult Dsv4Model::run_step(const StepPlan& plan) {
     r.tokens = backend_.sample(rows, plan.sample_params, plan.sample_counters);
     if (raw.data) r.logprobs = backend_.logprobs(raw, backend_.gather_rows(r.tokens, plan.logprob_rows), plan.top_logprobs);
   }
-  return r;
 }
 
 StepOutput Dsv4Model::finish_step(StepPlan& plan, const StepResult& result, const std::vector<BatchItem>& batch) {
@@ -225,7 +273,24 @@ StepOutput Dsv4Model::finish_step(StepPlan& plan, const StepResult& result, cons
   return out;
 }
 
+std::pair<int, int64_t> Dsv4Model::fixed_shape(const std::vector<BatchItem>& batch) const {
+  if (graph_mode_ == DecodeGraphs::Off || batch.empty()) return {0, 0};
+  int64_t end = 0;
+  for (auto& item : batch) {
+    if (item.tokens.size() != 1 || item.seq < 0 || size_t(item.seq) >= seqs_.size() || !seqs_[size_t(item.seq)]->live)
+      return {0, 0};  // a prefill chunk, or a bad item plan_step will name
+    end = std::max(end, seqs_[size_t(item.seq)]->pos + 1);
+  }
+  int bucket = 0;
+  for (int b : kDecodeBuckets)
+    if (!bucket && size_t(b) >= batch.size()) bucket = b;
+  const int64_t bound = std::max<int64_t>(1024, int64_t(std::bit_ceil(uint64_t(end))));
+  if (!bucket || bound > config().max_position_embeddings) return {0, 0};
+  return {bucket, bound};
+}
+
 StepOutput Dsv4Model::step(const std::vector<BatchItem>& batch) {
+  if (auto [bucket, bound] = fixed_shape(batch); bucket) return step_fixed(batch, bucket, bound);
   StepPlan plan = plan_step(batch);
   StepResult r;
   try {
@@ -234,6 +299,78 @@ StepOutput Dsv4Model::step(const std::vector<BatchItem>& batch) {
     release_step_plan(plan);
     throw;
   }
+  return finish_step(plan, r, batch);
+}
+
+StepOutput Dsv4Model::step_fixed(const std::vector<BatchItem>& batch, int bucket, int64_t bound) {
+  const ModelConfig& c = config();
+  PlanRequest rq = plan_request(batch);
+  // Padding rows: token 0 at position 0 of a sequence that is never advanced (it completes no
+  // compressed entry; its window is its own row), after the real rows, through the head too.
+  if (pad_states_.empty())
+    for (int l = 0; l < c.n_layers; ++l) pad_states_.push_back(make_layer_state(weights_->blocks[size_t(l)], *caches_[size_t(l)]));
+  for (size_t s = batch.size(); s < size_t(bucket); ++s) {
+    PlanRequest::Span sp{{0}, 0, {}};
+    for (auto& st : pad_states_) sp.states.push_back(&st);
+    rq.spans.push_back(std::move(sp));
+  }
+  rq.head_rows.clear();
+  for (int r = 0; r < bucket; ++r) rq.head_rows.push_back(r);
+  rq.context_capacity = bound;
+
+  std::unique_ptr<DecodeGraph>& slot = graphs_[{bucket, bound}];
+  if (!slot) slot = std::make_unique<DecodeGraph>();
+  DecodeGraph& g = *slot;
+  const bool record = graph_mode_ == DecodeGraphs::Record && g.warmed && !g.eager_only;
+  if (record && !g.descriptor.data) g.descriptor = backend_.alloc(DType::I32, {g.words});
+  if (record) rq.descriptor = g.descriptor;
+  StepPlan plan = build_step_plan(backend_, rq);  // may grow cache pools: the epoch is read after
+  StepResult r;
+  try {
+    if (!record) {
+      g.words = plan.descriptor_words;
+      g.warmed = true;
+      r.logits = run_forward(plan);
+      ++graph_stats_.fixed_eager;
+    } else {
+      if (backend_.recording_epoch() != graphs_epoch_) {
+        // Memory a recording addresses moved: every recording is stale.
+        for (auto& [k, other] : graphs_) other->work.reset(), other->logits = Tensor{};
+        graphs_epoch_ = backend_.recording_epoch();
+      }
+      if (!g.work) {
+        backend_.begin_capture();
+        try {
+          g.logits = run_forward(plan);
+          g.work = backend_.end_capture();
+          ++graph_stats_.recorded;
+        } catch (const std::exception& e) {
+          try {
+            (void)backend_.end_capture();
+          } catch (...) {
+          }
+          g.logits = Tensor{};
+          g.eager_only = true;
+          log_info("warning: a decode step of {} sequences (positions < {}) could not be recorded, it runs as called: {}", bucket,
+                   bound, e.what());
+        }
+      }
+      if (g.work) {
+        backend_.replay(*g.work);
+        r.logits = g.logits;
+        ++graph_stats_.replayed;
+      } else {
+        r.logits = run_forward(plan);
+        ++graph_stats_.fixed_eager;
+      }
+    }
+    sample_head(plan, r);
+  } catch (...) {
+    release_step_plan(plan);
+    throw;
+  }
+  // Only the real rows are read back.
+  r.logits.shape[0] = int64_t(batch.size());
   return finish_step(plan, r, batch);
 }
 
@@ -285,18 +422,13 @@ void Dsv4Model::compress(const CompressorWeights& w, const Tensor& x, const Step
   const int d = w.head_dim, width = w.coff * d;
   Tensor a = backend_.linear_f32(x, w.wkv, width, c.dim);
   Tensor g = backend_.linear_f32(x, w.wgate, width, c.dim);
-  // The entries this step completes, span by span, in one tensor (SPEC §3.4).
-  Tensor pooled = backend_.alloc(DType::F32, {lp.completed, d});
-  int64_t e = 0;
-  for (size_t s = 0; s < plan.spans.size(); ++s) {
-    const auto& sp = plan.spans[s];
-    CompressorState& cs = index_keys ? lp.states[s]->index_compressor : lp.states[s]->compressor;
-    Tensor part = backend_.compressor_update(a, g, sp.row0, sp.n, sp.pos0, w.ape, w.ratio, d, cs);
-    backend_.copy_rows(part, 0, pooled, e, part.rows());
-    e += part.rows();
-  }
-  DSV4_CHECK(e == lp.completed, "compressor: {} entries completed, {} planned", e, lp.completed);
-  if (!e) return;
+  // The entries this step completes, span by span, in one tensor (SPEC §3.4); a fixed-shape plan
+  // pads it to its bound (entry id −1: not written).
+  const int64_t e = lp.completed;
+  StateSlots& states = index_keys ? lp.caches->index_compressor : lp.caches->compressor;
+  Tensor pooled = backend_.compressor_update(a, g, plan.tables, index_keys ? lp.index_compressor_slots : lp.compressor_slots,
+                                             e, lp.max_span_rows, w.ape, states.states());
+  if (!e) return;  // the states still took every row
   StepIndexArgs at;
   at.kind = StepIndexKind::CompressedPositions;
   at.step = &plan.tables;

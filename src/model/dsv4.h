@@ -2,6 +2,7 @@
 // its own positions: prefill chunks and single decode tokens mix freely in one step.
 #pragma once
 #include <functional>
+#include <map>
 #include <memory>
 #include <optional>
 #include <string>
@@ -55,6 +56,14 @@ struct StepResult {
   LogprobRows logprobs;  // for the plan's logprob rows
 };
 
+// How decode steps (every item one token) run. Record: at a fixed shape — the batch padded to a
+// bucket of 1, 2, 4, … 256 sequences, positions bounded by a power of two ≥ 1024 — recorded by the
+// backend once per (bucket, bound) and replayed for every later step of that shape (CUDA graphs;
+// the sampling after the head runs as it is called). Pad: the same fixed-shape steps, run as
+// they are called (what a recording computes, on any backend: tests). Off: exact shapes.
+enum class DecodeGraphs { Off, Pad, Record };
+inline constexpr int kDecodeBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
+
 class Dsv4Model {
  public:
   Dsv4Model(std::unique_ptr<ModelWeights> weights, Backend& backend);
@@ -75,8 +84,22 @@ class Dsv4Model {
   // backend's work (enqueued only: no host read, no synchronisation — it can be recorded and
   // replayed), and the host's work after (reading tokens and logits, advancing positions).
   StepPlan plan_step(const std::vector<BatchItem>& batch);
-  StepResult run_step(const StepPlan& plan);
+  StepResult run_step(const StepPlan& plan);  // = run_forward, then sample_head
   StepOutput finish_step(StepPlan& plan, const StepResult& result, const std::vector<BatchItem>& batch);
+
+  // The head's logits of the plan's head rows (F32 [P, V]), and the sampling on them.
+  Tensor run_forward(const StepPlan& plan);
+  void sample_head(const StepPlan& plan, StepResult& result);
+
+  // Decode graphs (the default: Record where the backend can record, else Off; DSV4_DECODE_GRAPHS
+  // = off | pad | record overrides it). Changing the mode drops the recordings.
+  void set_decode_graphs(DecodeGraphs mode);
+  DecodeGraphs decode_graphs() const { return graph_mode_; }
+  struct GraphStats {
+    int64_t recorded = 0, replayed = 0, fixed_eager = 0;  // steps recorded, replayed, run padded as called
+    int64_t recordings = 0;                               // held now
+  };
+  GraphStats graph_stats() const;
 
   // Pieces used by layer-check and the MTP path (same code as step()).
   // A plan for one layer and one ad-hoc sequence state (layer-check); release with release_step_plan.
@@ -109,8 +132,19 @@ class Dsv4Model {
     if (dump) dump(name + "-" + std::to_string(layer), t);
   }
 
+  struct DecodeGraph;
+  PlanRequest plan_request(const std::vector<BatchItem>& batch);
+  // A decode batch's fixed shape: its bucket and position bound (bucket 0: not a decode batch).
+  std::pair<int, int64_t> fixed_shape(const std::vector<BatchItem>& batch) const;
+  StepOutput step_fixed(const std::vector<BatchItem>& batch, int bucket, int64_t bound);
+
   std::unique_ptr<ModelWeights> weights_;
   Backend& backend_;
+  DecodeGraphs graph_mode_ = DecodeGraphs::Off;
+  std::map<std::pair<int, int64_t>, std::unique_ptr<DecodeGraph>> graphs_;
+  uint64_t graphs_epoch_ = 0;  // the backend's recording epoch the recordings were made under
+  GraphStats graph_stats_;
+  std::vector<LayerState> pad_states_;  // the padding rows' sequence: position 0, never advanced
   RopeTable rope_plain_, rope_yarn_;
   std::vector<std::unique_ptr<LayerCaches>> caches_;  // main layers, then MTP layers
   std::vector<std::unique_ptr<Sequence>> seqs_;

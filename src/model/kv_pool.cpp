@@ -28,6 +28,21 @@ void PagePool::set_capacity(int64_t pages) {
   capacity_ = pages;
 }
 
+int32_t StateSlots::alloc(int ratio, int d) {
+  if (!states_.ratio) states_.ratio = ratio, states_.d = d;
+  DSV4_CHECK(states_.ratio == ratio && states_.d == d, "compressor state: ratio {} d {} asked of states of ratio {} d {}",
+             ratio, d, states_.ratio, states_.d);
+  if (free_.empty()) {
+    const int64_t old = states_.slots, grown = std::max<int64_t>(4, old * 2);
+    backend_.grow_compressor_states(states_, grown);
+    for (int64_t s = grown - 1; s >= old; --s) free_.push_back(int32_t(s));
+  }
+  const int32_t s = free_.back();
+  free_.pop_back();
+  backend_.compressor_state_init(states_, s);
+  return s;
+}
+
 LayerPages sequence_layer_pages(int ratio, int window, int64_t positions) {
   auto pages = [](int64_t entries) { return (entries + kPageEntries - 1) / kPageEntries; };
   LayerPages p;

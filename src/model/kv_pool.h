@@ -33,6 +33,21 @@ class PagePool {
   int64_t capacity_ = 0;
 };
 
+// Hands out slots of one compressor's running state (a slot per sequence, CompressorStates),
+// growing the states by doubling; a slot handed out starts fresh (kv 0, score −inf).
+class StateSlots {
+ public:
+  explicit StateSlots(Backend& backend) : backend_(backend) {}
+  int32_t alloc(int ratio, int d);
+  void free(int32_t slot) { free_.push_back(slot); }
+  CompressorStates& states() { return states_; }
+
+ private:
+  Backend& backend_;
+  CompressorStates states_;
+  std::vector<int32_t> free_;
+};
+
 inline constexpr int kPageEntries = kv_layout::kEntriesPerPage;
 
 // Global entry id of entry `index` of a block table.
@@ -42,9 +57,10 @@ inline int64_t entry_id(const std::vector<int32_t>& pages, int64_t index) {
 
 // The caches of one layer, shared by all sequences.
 struct LayerCaches {
-  LayerCaches(Backend& be) : kv(be, EntryKind::KV), keys(be, EntryKind::INDEX_KEY) {}
+  LayerCaches(Backend& be) : kv(be, EntryKind::KV), keys(be, EntryKind::INDEX_KEY), compressor(be), index_compressor(be) {}
   PagePool kv;    // window rings, compressed entries and a step's new entries
   PagePool keys;  // indexer keys (CSA layers)
+  StateSlots compressor, index_compressor;  // the KV compressor's and (CSA) the indexer's state
 };
 
 // One sequence's state in one layer.
@@ -53,7 +69,7 @@ struct LayerState {
   std::vector<int32_t> comp_pages;    // compressed entry j
   std::vector<int32_t> key_pages;     // indexer key j
   int64_t n_comp = 0, n_keys = 0;
-  CompressorState compressor, index_compressor;
+  int32_t compressor_slot = -1, index_compressor_slot = -1;  // in LayerCaches' StateSlots
 };
 
 // Page counts in one layer's two pools.

@@ -33,12 +33,18 @@ Tensor view(const Tensor& base, size_t word, DType dtype, std::vector<int64_t> s
 }
 
 // A block table [S, width] of one kind of page list, padded with page 0 (never read: every
-// index the ops derive stays below the span's own entry count).
+// index the ops derive stays below the span's own entry count). width 0: the longest list's.
 std::vector<int32_t> table(const std::vector<const std::vector<int32_t>*>& lists, int64_t& width) {
-  width = 1;
-  for (auto* l : lists) width = std::max<int64_t>(width, int64_t(l->size()));
+  if (!width) {
+    width = 1;
+    for (auto* l : lists) width = std::max<int64_t>(width, int64_t(l->size()));
+  }
   std::vector<int32_t> t(lists.size() * size_t(width), 0);
-  for (size_t s = 0; s < lists.size(); ++s) std::copy(lists[s]->begin(), lists[s]->end(), t.begin() + int64_t(s) * width);
+  for (size_t s = 0; s < lists.size(); ++s) {
+    DSV4_CHECK(int64_t(lists[s]->size()) <= width, "step plan: span {} holds {} pages, the plan's tables {}", s,
+               lists[s]->size(), width);
+    std::copy(lists[s]->begin(), lists[s]->end(), t.begin() + int64_t(s) * width);
+  }
   return t;
 }
 }  // namespace
@@ -46,11 +52,14 @@ std::vector<int32_t> table(const std::vector<const std::vector<int32_t>*>& lists
 StepPlan build_step_plan(Backend& be, const PlanRequest& rq) {
   StepPlan plan;
   const size_t S = rq.spans.size();
+  const int64_t cap = rq.context_capacity;
   std::vector<int32_t> tokens, positions, row_span, spans;
   for (size_t s = 0; s < S; ++s) {
     const auto& sp = rq.spans[s];
     DSV4_CHECK(sp.states.size() == rq.layers.size(), "step plan: span {} has {} layer states for {} layers", s,
                sp.states.size(), rq.layers.size());
+    DSV4_CHECK(!cap || sp.pos0 + int64_t(sp.tokens.size()) <= cap, "step plan: span {} ends at {}, past the plan's bound {}",
+               s, sp.pos0 + int64_t(sp.tokens.size()), cap);
     plan.spans.push_back({int64_t(tokens.size()), int64_t(sp.tokens.size()), sp.pos0});
     spans.insert(spans.end(), {int32_t(tokens.size()), int32_t(sp.tokens.size()), int32_t(sp.pos0)});
     for (size_t i = 0; i < sp.tokens.size(); ++i) {
@@ -66,28 +75,24 @@ StepPlan build_step_plan(Backend& be, const PlanRequest& rq) {
   DSV4_CHECK(rq.sample_params.size() == rq.sample_rows.size() && rq.sample_counters.size() == rq.sample_rows.size(),
              "step plan: {} sample rows, {} parameter sets, {} counters", rq.sample_rows.size(), rq.sample_params.size(),
              rq.sample_counters.size());
-
-  Words d;
-  const size_t at_pos = d.add(positions), at_span_of = d.add(row_span), at_spans = d.add(spans), at_tokens = d.add(tokens);
-  std::vector<int32_t> stream_tokens;
-  for (int32_t t : tokens) stream_tokens.insert(stream_tokens.end(), size_t(rq.hc_mult), t);
-  const size_t at_streams = d.add(stream_tokens), at_head = d.add(rq.head_rows), at_sample = d.add(rq.sample_rows);
-  const size_t at_params = d.add_bytes(rq.sample_params.data(), rq.sample_params.size() * sizeof(SamplingParams));
-  const size_t at_counters = d.add_bytes(rq.sample_counters.data(), rq.sample_counters.size() * 8);
   const bool penalties = !rq.penalty_ids.empty();
   DSV4_CHECK(rq.penalty_rows.size() == rq.penalty_ids.size() && rq.penalty_counts.size() == rq.penalty_ids.size() &&
                  (!penalties || rq.penalty_params.size() == rq.sample_rows.size()),
              "step plan: penalty entries inconsistent");
   for (int32_t r : rq.penalty_rows) DSV4_CHECK(r >= 0 && r < int32_t(rq.sample_rows.size()), "step plan: penalty row {}", r);
   for (int32_t r : rq.logprob_rows) DSV4_CHECK(r >= 0 && r < int32_t(rq.sample_rows.size()), "step plan: logprob row {}", r);
-  const size_t at_pparams = d.add_bytes(rq.penalty_params.data(), penalties ? rq.penalty_params.size() * sizeof(PenaltyParams) : 0);
-  const size_t at_prows = d.add(rq.penalty_rows), at_pids = d.add(rq.penalty_ids), at_pcounts = d.add(rq.penalty_counts);
-  const size_t at_lrows = d.add(rq.logprob_rows);
+
+  // The forward's part: rows and spans, then per layer its tables.
+  Words d;
+  const size_t at_pos = d.add(positions), at_span_of = d.add(row_span), at_spans = d.add(spans), at_tokens = d.add(tokens);
+  std::vector<int32_t> stream_tokens;
+  for (int32_t t : tokens) stream_tokens.insert(stream_tokens.end(), size_t(rq.hc_mult), t);
+  const size_t at_streams = d.add(stream_tokens), at_head = d.add(rq.head_rows);
 
   // Pages: every entry the step completes gets its page now (SPEC §3.4: entry j completes at
   // position ratio·(j+1) − 1), and each layer takes scratch pages for the step's new entries.
   struct LayerWords {
-    size_t window, compressed, keys, scratch;
+    size_t window, compressed, keys, scratch, slots, index_slots;
     int64_t ww, cw, kw;
   };
   std::vector<LayerWords> lw;
@@ -97,14 +102,17 @@ StepPlan build_step_plan(Backend& be, const PlanRequest& rq) {
     lp.caches = layer.caches;
     const size_t li = plan.layers.size();
     std::vector<const std::vector<int32_t>*> win, comp, keys;
+    std::vector<int32_t> slots, index_slots;
     for (size_t s = 0; s < S; ++s) {
       LayerState& st = *rq.spans[s].states[li];
-      const int64_t end = plan.spans[s].pos0 + plan.spans[s].n;
+      const int64_t n = plan.spans[s].n, end = plan.spans[s].pos0 + n;
+      lp.max_span_rows = std::max(lp.max_span_rows, n);
       if (layer.ratio) {
         const int64_t have = end / layer.ratio;
         DSV4_CHECK(st.n_comp == plan.spans[s].pos0 / layer.ratio, "step plan: span {} holds {} compressed entries at position {}",
                    s, st.n_comp, plan.spans[s].pos0);
-        lp.completed += have - st.n_comp;
+        // n consecutive positions complete at most n / ratio + 1 entries (and at most n).
+        lp.completed += cap ? std::min(n, n / layer.ratio + 1) : have - st.n_comp;
         while (int64_t(st.comp_pages.size()) < pages_for(have)) st.comp_pages.push_back(layer.caches->kv.alloc());
         st.n_comp = have;
         if (layer.ratio == 4) {
@@ -118,37 +126,73 @@ StepPlan build_step_plan(Backend& be, const PlanRequest& rq) {
       win.push_back(&st.window_pages);
       comp.push_back(&st.comp_pages);
       keys.push_back(&st.key_pages);
+      slots.push_back(st.compressor_slot);
+      index_slots.push_back(st.index_compressor_slot);
+    }
+    LayerWords w{};
+    if (cap) {
+      w.ww = pages_for(rq.window);
+      w.cw = layer.ratio ? std::max<int64_t>(1, pages_for(cap / layer.ratio)) : 1;
+      w.kw = layer.ratio == 4 ? w.cw : 1;
+      if (layer.ratio == 4) lp.max_keys = int(cap / 4);
+      if (layer.ratio == 128) lp.comp_len = cap / 128;
     }
     for (int64_t p = 0; p < pages_for(T); ++p) lp.scratch_pages.push_back(layer.caches->kv.alloc());
-    LayerWords w{};
     w.window = d.add(table(win, w.ww));
     w.compressed = d.add(table(comp, w.cw));
     w.keys = d.add(table(keys, w.kw));
     w.scratch = d.add(lp.scratch_pages);
+    w.slots = d.add(slots);
+    w.index_slots = d.add(index_slots);
     lw.push_back(w);
     plan.layers.push_back(std::move(lp));
   }
 
-  plan.descriptor = be.from_host(DType::I32, {int64_t(d.w.size())}, d.w.data());
+  // The sampling part.
+  while (d.w.size() % 2) d.w.push_back(0);  // the sampling part's 8-byte alignment holds in either upload
+  const size_t forward_words = d.w.size();
+  const size_t at_sample = d.add(rq.sample_rows);
+  const size_t at_params = d.add_bytes(rq.sample_params.data(), rq.sample_params.size() * sizeof(SamplingParams));
+  const size_t at_counters = d.add_bytes(rq.sample_counters.data(), rq.sample_counters.size() * 8);
+  const size_t at_pparams = d.add_bytes(rq.penalty_params.data(), penalties ? rq.penalty_params.size() * sizeof(PenaltyParams) : 0);
+  const size_t at_prows = d.add(rq.penalty_rows), at_pids = d.add(rq.penalty_ids), at_pcounts = d.add(rq.penalty_counts);
+  const size_t at_lrows = d.add(rq.logprob_rows);
+
+  plan.descriptor_words = int64_t(forward_words);
+  size_t sampling_base = 0;  // the word of `plan.sampling` that d's word 0 would be at
+  if (rq.descriptor.data) {
+    DSV4_CHECK(rq.descriptor.dtype == DType::I32 && rq.descriptor.numel() == int64_t(forward_words),
+               "step plan: a descriptor buffer of {} words for a plan of {}", rq.descriptor.numel(), forward_words);
+    plan.descriptor = rq.descriptor;
+    be.upload(plan.descriptor, d.w.data());
+    plan.sampling = be.from_host(DType::I32, {int64_t(d.w.size() - forward_words)}, d.w.data() + forward_words);
+    sampling_base = forward_words;
+  } else {
+    plan.descriptor = be.from_host(DType::I32, {int64_t(d.w.size())}, d.w.data());
+    plan.sampling = plan.descriptor;
+  }
   const Tensor& b = plan.descriptor;
+  auto sview = [&](size_t word, DType dtype, std::vector<int64_t> shape) {
+    return view(plan.sampling, word - sampling_base, dtype, std::move(shape));
+  };
   plan.tables.positions = view(b, at_pos, DType::I32, {T});
   plan.tables.row_span = view(b, at_span_of, DType::I32, {T});
   plan.tables.spans = view(b, at_spans, DType::I32, {int64_t(S), 3});
   plan.tokens = view(b, at_tokens, DType::I32, {T});
   plan.stream_tokens = view(b, at_streams, DType::I32, {T * rq.hc_mult});
   plan.head_rows = view(b, at_head, DType::I32, {int64_t(rq.head_rows.size())});
-  plan.sample_rows = view(b, at_sample, DType::I32, {int64_t(rq.sample_rows.size())});
+  plan.sample_rows = sview(at_sample, DType::I32, {int64_t(rq.sample_rows.size())});
   plan.sample_all_rows = rq.sample_rows.size() == rq.head_rows.size();
   for (size_t i = 0; i < rq.sample_rows.size() && plan.sample_all_rows; ++i) plan.sample_all_rows = rq.sample_rows[i] == int32_t(i);
-  plan.sample_params = view(b, at_params, DType::U8, {int64_t(rq.sample_params.size() * sizeof(SamplingParams))});
-  plan.sample_counters = view(b, at_counters, DType::U8, {int64_t(rq.sample_counters.size() * 8)});
+  plan.sample_params = sview(at_params, DType::U8, {int64_t(rq.sample_params.size() * sizeof(SamplingParams))});
+  plan.sample_counters = sview(at_counters, DType::U8, {int64_t(rq.sample_counters.size() * 8)});
   plan.penalties = penalties;
   const int64_t np = int64_t(rq.penalty_ids.size());
-  plan.penalty_params = view(b, at_pparams, DType::U8, {penalties ? int64_t(rq.penalty_params.size() * sizeof(PenaltyParams)) : 0});
-  plan.penalty_rows = view(b, at_prows, DType::I32, {np});
-  plan.penalty_ids = view(b, at_pids, DType::I32, {np});
-  plan.penalty_counts = view(b, at_pcounts, DType::I32, {np});
-  plan.logprob_rows = view(b, at_lrows, DType::I32, {int64_t(rq.logprob_rows.size())});
+  plan.penalty_params = sview(at_pparams, DType::U8, {penalties ? int64_t(rq.penalty_params.size() * sizeof(PenaltyParams)) : 0});
+  plan.penalty_rows = sview(at_prows, DType::I32, {np});
+  plan.penalty_ids = sview(at_pids, DType::I32, {np});
+  plan.penalty_counts = sview(at_pcounts, DType::I32, {np});
+  plan.logprob_rows = sview(at_lrows, DType::I32, {int64_t(rq.logprob_rows.size())});
   plan.top_logprobs = rq.top_logprobs;
   for (size_t l = 0; l < plan.layers.size(); ++l) {
     LayerPlan& lp = plan.layers[l];
@@ -156,6 +200,8 @@ StepPlan build_step_plan(Backend& be, const PlanRequest& rq) {
     lp.compressed = view(b, lw[l].compressed, DType::I32, {int64_t(S), lw[l].cw});
     lp.keys = view(b, lw[l].keys, DType::I32, {int64_t(S), lw[l].kw});
     lp.scratch = view(b, lw[l].scratch, DType::I32, {int64_t(lp.scratch_pages.size())});
+    lp.compressor_slots = view(b, lw[l].slots, DType::I32, {int64_t(S)});
+    lp.index_compressor_slots = view(b, lw[l].index_slots, DType::I32, {int64_t(S)});
   }
   return plan;
 }

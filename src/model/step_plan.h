@@ -38,6 +38,15 @@ struct PlanRequest {
   std::vector<int32_t> logprob_rows;
   int top_logprobs = 0;
   int hc_mult = 1, window = 0, index_topk = 0;
+  // A fixed-shape plan (a recorded step replayed for other steps): every size the step's work is
+  // laid out by — block-table widths, the compressed part of the lists, indexer keys, the rows of
+  // completed entries — is a function of the spans' row counts and this bound on their positions
+  // (every span ends at or below it), never of the positions themselves. 0: exact sizes.
+  int64_t context_capacity = 0;
+  // Where the forward part of the descriptor goes (a recording's own buffer, exactly the size a
+  // plan of this shape needs); empty: a new upload. The sampling part is always a new upload: it
+  // is read by the ops after the recorded part.
+  Tensor descriptor;
 };
 
 // One planned layer: device views of its block tables and the sizes the host knows.
@@ -45,7 +54,10 @@ struct LayerPlan {
   int ratio = 0;
   Tensor window, compressed, keys;  // I32 [S, width]: ring pages, compressed-entry pages, indexer-key pages
   Tensor scratch;                   // I32 [pages]: where the step's new entries go before the ring update
-  int64_t completed = 0;            // compressed entries (and, CSA, indexer keys) the step completes
+  Tensor compressor_slots, index_compressor_slots;  // I32 [S]: each span's compressor state slots
+  int64_t completed = 0;            // rows of completed compressed entries (and, CSA, indexer keys): exact,
+                                    // or a fixed-shape plan's bound (the rows past the step's entries pad)
+  int64_t max_span_rows = 0;        // the longest span
   int64_t comp_len = 0;             // compressed part of the attention lists
   int max_keys = 0;                 // most indexer keys a row sees
   std::vector<int32_t> scratch_pages;  // host copy, returned to the pool by release_step_plan
@@ -59,7 +71,11 @@ struct StepPlan {
   };
   std::vector<Span> spans;
   int64_t rows = 0;
-  Tensor descriptor;       // the one upload; every Tensor below is a view of it
+  Tensor descriptor;       // the forward's part of the upload (every Tensor below up to the
+                           // layers is a view of it or of `sampling`)
+  Tensor sampling;         // the sampling part (sample rows onwards): a separate upload when
+                           // the forward part went to a given buffer, else a view of the one upload
+  int64_t descriptor_words = 0;  // the forward part's size (a fixed shape's signature)
   StepTables tables;       // spans, row → span, positions
   Tensor tokens;           // I32 [T]
   Tensor stream_tokens;    // I32 [T · hc]: the token of each hyper-connection stream row

@@ -10,6 +10,7 @@
 #include <fstream>
 #include <numeric>
 
+#include "backend/random_fill.h"
 #include "checkpoint/safetensors.h"
 #include "core/dtypes.h"
 #include "core/error.h"
@@ -40,16 +41,6 @@ json flash_config() {
 
 bool ends_with(const std::string& s, const std::string& t) { return s.size() >= t.size() && s.compare(s.size() - t.size(), t.size(), t) == 0; }
 
-// splitmix64: a counter-based generator, so tensors fill in parallel chunks reproducibly.
-inline uint64_t mix(uint64_t z) {
-  z += 0x9e3779b97f4a7c15ull;
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
-  return z ^ (z >> 31);
-}
-// Uniform in [-1, 1) from 24 bits.
-inline float unit(uint64_t r) { return float(int32_t(r & 0xffffff) - 0x800000) / float(0x800000); }
-
 int64_t count(const std::vector<int64_t>& shape) {
   int64_t n = 1;
   for (auto d : shape) n *= d;
@@ -57,7 +48,7 @@ int64_t count(const std::vector<int64_t>& shape) {
 }
 }  // namespace
 
-SyntheticSource::SyntheticSource(const std::string& spec) : spec_(spec) {
+SyntheticSource::SyntheticSource(const std::string& spec, Backend* backend) : spec_(spec), backend_(backend) {
   std::string rest = spec.substr(std::string("synthetic:").size());
   std::vector<std::string> parts;
   for (size_t i = 0; i <= rest.size();) {
@@ -123,85 +114,57 @@ bool SyntheticSource::has(const std::string& name) const {
 bool SyntheticSource::release_bound() {
   refs_.clear();
   bytes_.clear();
+  prepared_.clear();
   return true;
 }
 
-const TensorRef* SyntheticSource::find(const std::string& name, DType dtype, const std::vector<int64_t>& shape) {
+const TensorRef* SyntheticSource::find(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                                       TensorUse use) {
   const int64_t n = count(shape);
-  std::vector<uint8_t>& b = bytes_.emplace_back(size_t(n) * dtype_size(dtype));
-  const uint64_t stream = mix(seed_ * 0x100000001b3ull + ++counter_);
+  const uint64_t stream = random_mix(seed_ * 0x100000001b3ull + ++counter_);
   const int64_t fan_in = shape.size() >= 2 ? shape[1] : 1;
-  // Fills element i from its own random number, in parallel chunks.
-  auto fill = [&](auto&& value_of) {
-    parallel_for(n, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) value_of(i, mix(stream ^ uint64_t(i) * 0xd1342543de82ef95ull));
-    });
-  };
   auto code_e8m0 = [](float v) { return uint8_t(std::clamp(127 + int(std::lround(std::log2(v))), 1, 254)); };
   const bool norm = ends_with(name, "norm.weight");
+  RandomFill f;
+  f.stream = stream;
   switch (dtype) {
-    case DType::BF16: {
+    case DType::BF16:
       // Norm weights ~1; the embedding ~1 (the reference's scale); matrices ~1/sqrt(fan-in).
-      const float amp = norm ? 0.1f : name == "embed.weight" ? std::sqrt(3.0f) : std::sqrt(3.0f / float(fan_in));
-      const float mean = norm ? 1.0f : 0.0f;
-      auto* p = reinterpret_cast<uint16_t*>(b.data());
-      fill([&](int64_t i, uint64_t r) { p[i] = f32_to_bf16(mean + amp * unit(r)); });
+      f.kind = RandomFill::Kind::Bf16Uniform;
+      f.amp = norm ? 0.1f : name == "embed.weight" ? std::sqrt(3.0f) : std::sqrt(3.0f / float(fan_in));
+      f.mean = norm ? 1.0f : 0.0f;
       break;
-    }
-    case DType::F32: {
-      float amp = 0.01f, mean = 0;
-      if (ends_with(name, "_base")) amp = 0.5f;
-      else if (ends_with(name, "_scale")) amp = 0.1f, mean = 1;
-      else if (ends_with(name, "attn_sink")) amp = 1;
-      else if (ends_with(name, ".ape")) amp = 0.1f;
-      else if (ends_with(name, "weight_scale_2")) amp = 0, mean = 1.0f / 64;
-      auto* p = reinterpret_cast<float*>(b.data());
-      fill([&](int64_t i, uint64_t r) { p[i] = mean + amp * unit(r); });
+    case DType::F32:
+      f.kind = RandomFill::Kind::F32Uniform;
+      f.amp = 0.01f;
+      if (ends_with(name, "_base")) f.amp = 0.5f;
+      else if (ends_with(name, "_scale")) f.amp = 0.1f, f.mean = 1;
+      else if (ends_with(name, "attn_sink")) f.amp = 1;
+      else if (ends_with(name, ".ape")) f.amp = 0.1f;
+      else if (ends_with(name, "weight_scale_2")) f.amp = 0, f.mean = 1.0f / 64;
       break;
-    }
-    case DType::F8_E4M3: {
-      auto* p = b.data();
+    case DType::F8_E4M3:
       if (ends_with(name, ".weight_scale")) {  // NVFP4 block scales: with weight_scale_2 = 1/64, ~1/(3·sqrt(fan-in))
-        const uint8_t c = f32_to_e4m3(64.0f / (3.0f * std::sqrt(float(fan_in * 16))));
-        std::memset(p, c, b.size());
-      } else {  // FP8 weights: magnitudes 2^-2 .. 2^1.9, random signs and mantissas (rms ~1.3)
-        fill([&](int64_t i, uint64_t r) { p[i] = uint8_t((r & 0x87) | (((r >> 3) & 3) + 5) << 3); });
+        f.kind = RandomFill::Kind::Constant;
+        f.byte = f32_to_e4m3(64.0f / (3.0f * std::sqrt(float(fan_in * 16))));
+      } else {
+        f.kind = RandomFill::Kind::Fp8Weight;
       }
       break;
-    }
     case DType::F8_E8M0: {
       // FP8 block scales (fan-in = blocks · 128) put weights at ~1/sqrt(fan-in); MXFP4 scales (per
       // 32) put e2m1 values (rms ~2.9) there too.
       const bool fp4 = name.find(".experts.") != std::string::npos;
       const float in = float(fan_in * (fp4 ? 32 : 128));
-      std::memset(b.data(), code_e8m0(1.0f / ((fp4 ? 2.9f : 1.3f) * std::sqrt(in))), b.size());
+      f.kind = RandomFill::Kind::Constant;
+      f.byte = code_e8m0(1.0f / ((fp4 ? 2.9f : 1.3f) * std::sqrt(in)));
       break;
     }
     case DType::I8:
-    case DType::U8: {  // packed e2m1 pairs: every code
-      auto* p = b.data();
-      fill([&](int64_t i, uint64_t r) { p[i] = uint8_t(r); });
+    case DType::U8:  // packed e2m1 pairs: every code
+      f.kind = RandomFill::Kind::Bytes;
       break;
-    }
-    case DType::I32: {  // tid2eid: distinct experts per token
-      DSV4_CHECK(shape.size() == 2, "{}: synthetic I32 tensors are hash tables", name);
-      const int E = config_.n_routed_experts, k = int(shape[1]);
-      auto* p = reinterpret_cast<int32_t*>(b.data());
-      parallel_for(shape[0], [&](int64_t t0, int64_t t1) {
-        for (int64_t t = t0; t < t1; ++t) {
-          uint64_t r = mix(stream ^ uint64_t(t));
-          for (int j = 0; j < k; ++j) {
-            int32_t e;
-            do {
-              r = mix(r);
-              e = int32_t(r % uint64_t(E));
-            } while (std::find(p + t * k, p + t * k + j, e) != p + t * k + j);
-            p[t * k + j] = e;
-          }
-        }
-      });
-      break;
-    }
+    case DType::I32: break;  // below
     default:
       fail("{}: no synthetic values for dtype {}", name, dtype_name(dtype));
   }
@@ -209,14 +172,43 @@ const TensorRef* SyntheticSource::find(const std::string& name, DType dtype, con
   t.name = name;
   t.dtype = dtype;
   t.shape = shape;
-  t.data = b.data();
-  t.nbytes = b.size();
   t.file = spec_;
+  t.nbytes = size_t(n) * dtype_size(dtype);
+  if (dtype != DType::I32 && backend_ && use != TensorUse::HostRead) {
+    Tensor made = backend_->generate(f, dtype, shape);
+    t.data = static_cast<const uint8_t*>(made.data);
+    t.in_backend = true;
+    (use == TensorUse::Placed ? placed_ : prepared_).push_back(std::move(made));
+    return &t;
+  }
+  std::vector<uint8_t>& b = bytes_.emplace_back(t.nbytes);
+  t.data = b.data();
+  if (dtype != DType::I32) {
+    random_fill_reference(f, b.data(), n);
+    return &t;
+  }
+  // tid2eid: distinct experts per token.
+  DSV4_CHECK(shape.size() == 2, "{}: synthetic I32 tensors are hash tables", name);
+  const int E = config_.n_routed_experts, k = int(shape[1]);
+  auto* p = reinterpret_cast<int32_t*>(b.data());
+  parallel_for(shape[0], [&](int64_t t0, int64_t t1) {
+    for (int64_t tok = t0; tok < t1; ++tok) {
+      uint64_t r = random_mix(stream ^ uint64_t(tok));
+      for (int j = 0; j < k; ++j) {
+        int32_t e;
+        do {
+          r = random_mix(r);
+          e = int32_t(r % uint64_t(E));
+        } while (std::find(p + tok * k, p + tok * k + j, e) != p + tok * k + j);
+        p[tok * k + j] = e;
+      }
+    }
+  });
   return &t;
 }
 
-std::unique_ptr<SyntheticSource> make_synthetic_source(const std::string& spec) {
-  return std::make_unique<SyntheticSource>(spec);
+std::unique_ptr<SyntheticSource> make_synthetic_source(const std::string& spec, Backend* backend) {
+  return std::make_unique<SyntheticSource>(spec, backend);
 }
 
 int write_synthetic_checkpoint(const std::string& spec, const std::string& out_dir, size_t shard_bytes) {

@@ -5,13 +5,16 @@
 // (n_routed_experts=64, ...). Every tensor is made as the loader asks for it, valid by construction
 // (scales in range, distinct hash-routing experts, weights scaled ~1/sqrt(fan-in) so activations
 // stay finite and routing spreads over the experts), and goes through the real loader: placement,
-// the GPU repack of the routed experts, the load log and its progress bar.
+// the GPU repack of the routed experts, the load log and its progress bar. Values are a function
+// of (seed, tensor, element) (backend/random_fill.h), made in the backend's memory where the
+// tensor will live — the same bytes as on the host, so `make-tiny --like` writes this very model.
 #pragma once
 #include <deque>
 #include <memory>
 #include <string>
 #include <vector>
 
+#include "backend/backend.h"
 #include "checkpoint/model_config.h"
 #include "model/weights.h"
 
@@ -19,9 +22,11 @@ namespace dsv4 {
 
 class SyntheticSource final : public TensorSource {
  public:
-  explicit SyntheticSource(const std::string& spec);
+  // With a backend, every tensor the binder places or prepares is made in its memory
+  // (Backend::generate: on the GPU, no host copy); the rest (and everything without one) on the host.
+  explicit SyntheticSource(const std::string& spec, Backend* backend = nullptr);
   const ModelConfig& config() const { return config_; }
-  const TensorRef* find(const std::string& name, DType dtype, const std::vector<int64_t>& shape) override;
+  const TensorRef* find(const std::string& name, DType dtype, const std::vector<int64_t>& shape, TensorUse use) override;
   bool has(const std::string& name) const override;
   std::string where() const override { return spec_; }
   bool release_bound() override;
@@ -36,11 +41,13 @@ class SyntheticSource final : public TensorSource {
   std::string config_json_;
   uint64_t seed_ = 1;
   uint64_t counter_ = 0;  // one stream of random numbers per tensor
+  Backend* backend_ = nullptr;
   std::deque<TensorRef> refs_;
   std::deque<std::vector<uint8_t>> bytes_;
+  std::deque<Tensor> placed_, prepared_;  // made in the backend: the model's weights; the experts' raw form
 };
 
-std::unique_ptr<SyntheticSource> make_synthetic_source(const std::string& spec);
+std::unique_ptr<SyntheticSource> make_synthetic_source(const std::string& spec, Backend* backend = nullptr);
 
 // Writes the synthetic model `spec` to `out_dir` as a checkpoint in the official format
 // (config.json, shards of at most `shard_bytes`, model.safetensors.index.json): a full-size

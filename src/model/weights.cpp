@@ -20,8 +20,11 @@ class TensorBinder {
  public:
   TensorBinder(TensorSource& src, Backend* backend) : src_(src), backend_(backend) {}
 
-  const TensorRef& get(const std::string& name, std::initializer_list<DType> dtypes, std::vector<int64_t> shape) {
-    const TensorRef* t = src_.find(name, *dtypes.begin(), shape);
+  const TensorRef& get(const std::string& name, std::initializer_list<DType> dtypes, std::vector<int64_t> shape,
+                       TensorUse use = TensorUse::Placed) {
+    const TensorRef* t = src_.find(name, *dtypes.begin(), shape, backend_ ? use : TensorUse::HostRead);
+    DSV4_CHECK(!t || !t->in_backend || use != TensorUse::HostRead, "{}: {} made in backend memory, read on the host",
+               src_.where(), name);
     if (!t) fail("{}: tensor {} is missing (expected shape {})", src_.where(), name, shape_str(shape));
     bool ok = false;
     std::string want;
@@ -52,7 +55,10 @@ class TensorBinder {
       for (const LinearWeight* l : {&e.w1, &e.w2, &e.w3})
         placed_bytes_ += double(l->out) * double(l->in) / 2 * (1.0 + 2.0 / (l->format == WeightFormat::NVFP4 ? 16 : 32));
   }
-  const uint8_t* placed(const TensorRef& t) { return static_cast<const uint8_t*>(place(t.data, t.nbytes)); }
+  const uint8_t* placed(const TensorRef& t) {
+    if (t.in_backend) return placed_bytes_ += double(t.nbytes), t.data;  // made where it lives
+    return static_cast<const uint8_t*>(place(t.data, t.nbytes));
+  }
   const uint16_t* bf16(const std::string& name, std::vector<int64_t> shape) {
     return reinterpret_cast<const uint16_t*>(placed(get(name, {DType::BF16}, std::move(shape))));
   }
@@ -60,7 +66,7 @@ class TensorBinder {
     return reinterpret_cast<const float*>(placed(get(name, {DType::F32}, std::move(shape))));
   }
   // A scalar the loader itself reads (host view, not placed).
-  float f32_scalar(const std::string& name) { return *get(name, {DType::F32}, {}).as<float>(); }
+  float f32_scalar(const std::string& name) { return *get(name, {DType::F32}, {}, TensorUse::HostRead).as<float>(); }
   Backend* backend() const { return backend_; }
   const std::set<std::string>& used() const { return used_; }
   double bytes() const { return bytes_; }
@@ -75,10 +81,11 @@ class TensorBinder {
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
-// place = false keeps host views (routed experts, which the backend repacks; wo_a, converted first).
+// Placed: in backend memory; Prepared: the views for Backend::prepare_experts (routed experts);
+// HostRead: host views, converted first (wo_a).
 LinearWeight bind_linear(TensorBinder& b, const std::string& prefix, int out, int in, WeightFormat format,
-                         bool place = true) {
-  auto data = [&](const TensorRef& t) { return place ? b.placed(t) : t.data; };
+                         TensorUse use = TensorUse::Placed) {
+  auto data = [&](const TensorRef& t) { return use == TensorUse::Placed ? b.placed(t) : t.data; };
   LinearWeight l;
   l.name = prefix;
   l.format = format;
@@ -86,21 +93,21 @@ LinearWeight bind_linear(TensorBinder& b, const std::string& prefix, int out, in
   l.in = in;
   switch (format) {
     case WeightFormat::BF16:
-      l.w = data(b.get(prefix + ".weight", {DType::BF16}, {out, in}));
+      l.w = data(b.get(prefix + ".weight", {DType::BF16}, {out, in}, use));
       break;
     case WeightFormat::FP8_BLOCK:
-      l.w = data(b.get(prefix + ".weight", {DType::F8_E4M3}, {out, in}));
-      l.scale = data(b.get(prefix + ".scale", {DType::F8_E8M0}, {ceil_div(out, 128), ceil_div(in, 128)}));
+      l.w = data(b.get(prefix + ".weight", {DType::F8_E4M3}, {out, in}, use));
+      l.scale = data(b.get(prefix + ".scale", {DType::F8_E8M0}, {ceil_div(out, 128), ceil_div(in, 128)}, use));
       break;
     case WeightFormat::MXFP4:
       if (in % 32) fail("{}: input width {} is not a multiple of 32 (MXFP4 blocks)", prefix, in);
-      l.w = data(b.get(prefix + ".weight", {DType::I8, DType::U8}, {out, in / 2}));
-      l.scale = data(b.get(prefix + ".scale", {DType::F8_E8M0}, {out, in / 32}));
+      l.w = data(b.get(prefix + ".weight", {DType::I8, DType::U8}, {out, in / 2}, use));
+      l.scale = data(b.get(prefix + ".scale", {DType::F8_E8M0}, {out, in / 32}, use));
       break;
     case WeightFormat::NVFP4:
       if (in % 16) fail("{}: input width {} is not a multiple of 16 (NVFP4 blocks)", prefix, in);
-      l.w = data(b.get(prefix + ".weight", {DType::U8, DType::I8}, {out, in / 2}));
-      l.scale = data(b.get(prefix + ".weight_scale", {DType::F8_E4M3}, {out, in / 16}));
+      l.w = data(b.get(prefix + ".weight", {DType::U8, DType::I8}, {out, in / 2}, use));
+      l.scale = data(b.get(prefix + ".weight_scale", {DType::F8_E4M3}, {out, in / 16}, use));
       l.scale2 = b.f32_scalar(prefix + ".weight_scale_2");
       if (b.has(prefix + ".input_scale")) b.f32(prefix + ".input_scale", {});  // static act scale: unused (FP8/bf16 activations)
       break;
@@ -157,7 +164,7 @@ BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig
   a.wkv = bind_linear(b, p + ".attn.wkv", hd, D, lf);
   a.kv_norm = b.bf16(p + ".attn.kv_norm.weight", {hd});
   a.wo_a_host = std::make_shared<std::vector<uint16_t>>(
-      wo_a_to_bf16(bind_linear(b, p + ".attn.wo_a", c.o_groups * c.o_lora_rank, H * hd / c.o_groups, lf, false)));
+      wo_a_to_bf16(bind_linear(b, p + ".attn.wo_a", c.o_groups * c.o_lora_rank, H * hd / c.o_groups, lf, TensorUse::HostRead)));
   a.wo_a = static_cast<const uint16_t*>(b.place(a.wo_a_host->data(), a.wo_a_host->size() * 2));
   a.wo_b = bind_linear(b, p + ".attn.wo_b", D, c.o_groups * c.o_lora_rank, lf);
   if (blk.ratio) a.compressor = bind_compressor(b, p + ".attn.compressor", c, blk.ratio, hd, false);
@@ -171,7 +178,8 @@ BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig
   const int E = c.n_routed_experts, I = c.moe_inter_dim;
   m.gate = b.bf16(p + ".ffn.gate.weight", {E, D});
   if (blk.hash_routed) {
-    const TensorRef& t = b.get(p + ".ffn.gate.tid2eid", {DType::I32, DType::I64}, {c.vocab_size, c.n_active_experts});
+    const TensorRef& t = b.get(p + ".ffn.gate.tid2eid", {DType::I32, DType::I64}, {c.vocab_size, c.n_active_experts},
+                                  TensorUse::HostRead);
     m.hash_table_host = std::make_shared<std::vector<int32_t>>(size_t(t.numel()));
     std::vector<int32_t>& table = *m.hash_table_host;
     for (size_t i = 0; i < table.size(); ++i) {
@@ -187,8 +195,9 @@ BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig
   m.experts.resize(size_t(E));
   for (int e = 0; e < E; ++e) {
     std::string ep = fmt::format("{}.ffn.experts.{}", p, e);
-    m.experts[size_t(e)] = {bind_linear(b, ep + ".w1", I, D, ef, false), bind_linear(b, ep + ".w2", D, I, ef, false),
-                            bind_linear(b, ep + ".w3", I, D, ef, false)};
+    m.experts[size_t(e)] = {bind_linear(b, ep + ".w1", I, D, ef, TensorUse::Prepared),
+                            bind_linear(b, ep + ".w2", D, I, ef, TensorUse::Prepared),
+                            bind_linear(b, ep + ".w3", I, D, ef, TensorUse::Prepared)};
   }
   if (b.backend()) {
     b.backend()->prepare_experts(m, float(c.swiglu_limit));
@@ -209,7 +218,9 @@ namespace {
 class CheckpointSource final : public TensorSource {
  public:
   explicit CheckpointSource(const Checkpoint& c) : ckpt_(c) {}
-  const TensorRef* find(const std::string& name, DType, const std::vector<int64_t>&) override { return ckpt_.find(name); }
+  const TensorRef* find(const std::string& name, DType, const std::vector<int64_t>&, TensorUse) override {
+    return ckpt_.find(name);
+  }
   bool has(const std::string& name) const override { return ckpt_.has(name); }
   std::string where() const override { return ckpt_.dir(); }
 
@@ -220,7 +231,7 @@ class CheckpointSource final : public TensorSource {
 
 std::unique_ptr<ModelWeights> load_model_weights(const std::string& dir, Backend* backend) {
   if (dir.rfind("synthetic:", 0) == 0) {
-    std::shared_ptr<SyntheticSource> src = make_synthetic_source(dir);
+    std::shared_ptr<SyntheticSource> src = make_synthetic_source(dir, backend);
     auto w = bind_model_weights(src->config(), *src, backend, nullptr);
     w->source = src;
     return w;

@@ -51,12 +51,18 @@ struct ModelWeights {
 
 // Where the binder finds tensors by name: a checkpoint, or the synthetic model's generator
 // (model/synthetic.h), which makes each tensor as it is asked for.
+// How the binder uses a tensor: placed in backend memory for the model's lifetime, read on the
+// host (converted or a scalar), or handed to Backend::prepare_experts (which makes its own form).
+enum class TensorUse { Placed, HostRead, Prepared };
+
 class TensorSource {
  public:
   virtual ~TensorSource() = default;
   // The tensor `name`, or nullptr; `dtype` and `shape` are what the binder expects (a generator
-  // makes exactly that; a checkpoint returns what it has and the binder checks it).
-  virtual const TensorRef* find(const std::string& name, DType dtype, const std::vector<int64_t>& shape) = 0;
+  // makes exactly that; a checkpoint returns what it has and the binder checks it). A generator
+  // may make a Placed or Prepared tensor in backend memory (TensorRef::in_backend).
+  virtual const TensorRef* find(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                                TensorUse use) = 0;
   virtual bool has(const std::string& name) const = 0;
   virtual std::string where() const = 0;  // for messages
   // Frees the host bytes of the tensors returned so far (the backend holds its own copies); true

@@ -182,6 +182,7 @@ TEST(StepGraph, DecodeStepRecordsAndReplaysLikeEager) {
   auto backend = make_backend("cuda");
   ASSERT_TRUE(backend->can_capture());
   Dsv4Model model(load_model_weights(kTinyA, backend.get()), *backend);
+  model.set_decode_graphs(DecodeGraphs::Off);  // this test records by hand
   std::vector<int32_t> p1, p2;
   for (int i = 0; i < 170; ++i) p1.push_back(2 + (i * 7919) % 1000);
   for (int i = 0; i < 61; ++i) p2.push_back(2 + (i * 104729) % 1000);
@@ -254,6 +255,68 @@ TEST(BatchInvariance, LogitsBitIdentical) {
 }
 
 #endif  // DSV4_GOLDEN_GPU
+
+// Decode steps at a fixed shape (padded to a bucket, tables sized by a position bound) against
+// the reference mode, model against model on one backend, bit for bit: three sequences (one
+// padding row) for 40 steps, crossing compressed-entry completions of both ratios, then two.
+// On the CPU: padded vs exact steps (the CPU backend is batch-invariant). On the GPU: recorded
+// and replayed vs the same fixed-shape steps run as called.
+void check_decode_graphs(DecodeGraphs reference, DecodeGraphs tested) {
+  auto backend = make_backend(kBackend);
+  Dsv4Model ref(load_model_weights(kTinyA, backend.get()), *backend), test(load_model_weights(kTinyA, backend.get()), *backend);
+  ref.set_decode_graphs(reference);
+  test.set_decode_graphs(tested);
+  std::vector<std::vector<int32_t>> prompts(3);
+  const int lengths[] = {170, 61, 250};
+  for (int s = 0; s < 3; ++s)
+    for (int i = 0; i < lengths[s]; ++i) prompts[size_t(s)].push_back(2 + (i * 7919 + s * 104729) % 1000);
+  std::vector<SeqId> rs, ts;
+  std::vector<BatchItem> prefill_r, prefill_t;
+  for (int s = 0; s < 3; ++s) {
+    rs.push_back(ref.new_sequence()), ts.push_back(test.new_sequence());
+    prefill_r.push_back({rs.back(), prompts[size_t(s)]}), prefill_t.push_back({ts.back(), prompts[size_t(s)]});
+  }
+  ref.step(prefill_r), test.step(prefill_t);
+  SamplingParams greedy, warm;
+  warm.temperature = 0.8f, warm.top_p = 0.9f, warm.seed = 3;
+  std::vector<int32_t> next = {11, 12, 13};
+  size_t differ = 0, tokens_differ = 0, steps = 0;
+  for (int step = 0; step < 70; ++step) {
+    const size_t live = step < 40 ? 3 : 2;
+    if (step == 40) ref.free_sequence(rs[2]), test.free_sequence(ts[2]);
+    std::vector<BatchItem> br, bt;
+    for (size_t s = 0; s < live; ++s) {
+      br.push_back({rs[s], {next[s]}}), bt.push_back({ts[s], {next[s]}});
+      br.back().sampling = bt.back().sampling = s == 1 ? warm : greedy;
+      br.back().sample_counter = bt.back().sample_counter = uint64_t(step);
+    }
+    StepOutput a = ref.step(br), b = test.step(bt);
+    ASSERT_EQ(a.logits.size(), b.logits.size());
+    for (size_t i = 0; i < a.logits.size(); ++i) differ += std::memcmp(&a.logits[i], &b.logits[i], 4) != 0;
+    tokens_differ += a.tokens != b.tokens;
+    for (size_t s = 0; s < live; ++s) next[s] = a.tokens[s];
+    ++steps;
+  }
+  const auto stats = test.graph_stats();
+  std::printf("decode graphs: %zu steps, %zu logits and %zu token sets differ; %lld recorded, %lld replayed, %lld padded "
+              "steps run as called\n",
+              steps, differ, tokens_differ, (long long)stats.recorded, (long long)stats.replayed,
+              (long long)stats.fixed_eager);
+  EXPECT_EQ(differ, 0u);
+  EXPECT_EQ(tokens_differ, 0u);
+  if (tested == DecodeGraphs::Record) {
+    EXPECT_EQ(stats.recorded, 2);  // buckets 4 and 2, one position bound
+    EXPECT_EQ(stats.replayed, 68);
+  } else {
+    EXPECT_EQ(stats.fixed_eager, 70);
+  }
+}
+
+#if defined(DSV4_GOLDEN_GPU)
+TEST(DecodeGraphs, ReplayedStepsMatchFixedShapeStepsRunAsCalled) { check_decode_graphs(DecodeGraphs::Pad, DecodeGraphs::Record); }
+#else
+TEST(DecodeGraphs, PaddedStepsMatchExactSteps) { check_decode_graphs(DecodeGraphs::Off, DecodeGraphs::Pad); }
+#endif
 
 }  // namespace
 }  // namespace dsv4::test

@@ -1,5 +1,6 @@
 // Properties of the CPU reference ops on fresh random inputs, checked against plain
 // double-precision formulas (the golden tests check them against the reference itself).
+#include <array>
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -195,8 +196,26 @@ TEST(CpuOps, IndexerTopkOrderAndTies) {
   EXPECT_EQ(got, (std::vector<int32_t>{1, 0, -1, -1}));
 }
 
+// One compressor_update over spans {row0, n, pos0} with their state slots; `pad` rows past the
+// completed entries.
+Tensor compress_spans(Backend& be, const Tensor& a, const Tensor& g, const std::vector<std::array<int32_t, 3>>& spans,
+                      const std::vector<int32_t>& slots, const float* ape, CompressorStates& st, int64_t pad = 0) {
+  std::vector<int32_t> flat;
+  int64_t entries = 0, longest = 0;
+  for (auto& s : spans) {
+    flat.insert(flat.end(), s.begin(), s.end());
+    entries += (s[2] + s[1]) / st.ratio - s[2] / st.ratio;
+    longest = std::max<int64_t>(longest, s[1]);
+  }
+  StepTables tables;
+  tables.spans = be.from_host(DType::I32, {int64_t(spans.size()), 3}, flat.data());
+  Tensor slot_t = upload_i32(be, slots);
+  return be.compressor_update(a, g, tables, slot_t, entries + pad, longest, ape, st);
+}
+
 TEST(CpuOps, CompressorChunkingIsInvariant) {
-  // The state machine gives the same entries whether tokens come one by one or all at once.
+  // The state machine gives the same entries whether tokens come one by one or all at once, and
+  // whether spans of several sequences go in one call or one by one.
   std::mt19937 rng(4);
   std::normal_distribution<float> nd;
   CpuBackend be;
@@ -206,18 +225,32 @@ TEST(CpuOps, CompressorChunkingIsInvariant) {
     for (auto* v : {&a, &g, &ape})
       for (auto& x : *v) x = nd(rng);
     Tensor at = be.from_host(DType::F32, {T, width}, a.data()), gt = be.from_host(DType::F32, {T, width}, g.data());
-    CompressorState whole, single;
-    be.compressor_state_init(whole, ratio, d);
-    be.compressor_state_init(single, ratio, d);
-    Tensor all = be.compressor_update(at, gt, 0, T, 0, ape.data(), ratio, d, whole);
-    ASSERT_EQ(all.rows(), T / ratio);
+    CompressorStates st;
+    st.ratio = ratio, st.d = d;
+    be.grow_compressor_states(st, 4);
+    for (int s = 0; s < 4; ++s) be.compressor_state_init(st, s);
+    const int64_t pad = 3;
+    Tensor all = compress_spans(be, at, gt, {{0, T, 0}}, {0}, ape.data(), st, pad);
+    ASSERT_EQ(all.rows(), T / ratio + pad);
+    for (int64_t i = (T / ratio) * d; i < all.numel(); ++i) ASSERT_EQ(all.ptr<float>()[i], 0.0f) << "padding row";
+    all.shape[0] = T / ratio;
     std::vector<float> one_by_one;
     for (int t = 0; t < T; ++t) {
-      Tensor e = be.compressor_update(at, gt, t, 1, t, ape.data(), ratio, d, single);
+      Tensor e = compress_spans(be, at, gt, {{t, 1, t}}, {1}, ape.data(), st);
       one_by_one.insert(one_by_one.end(), e.ptr<float>(), e.ptr<float>() + e.numel());
     }
     ASSERT_EQ(one_by_one.size(), size_t(all.numel()));
     for (size_t i = 0; i < one_by_one.size(); ++i) ASSERT_EQ(one_by_one[i], all.ptr<float>()[i]) << ratio << " " << i;
+    // Two sequences in one call (slots 2, 3: rows 0..149 at positions 0.., rows 150..299 at
+    // positions 0..) give each the entries it gives alone.
+    Tensor both = compress_spans(be, at, gt, {{0, 150, 0}, {150, 150, 0}}, {2, 3}, ape.data(), st);
+    be.compressor_state_init(st, 2);
+    Tensor first = compress_spans(be, at, gt, {{0, 150, 0}}, {2}, ape.data(), st);
+    be.compressor_state_init(st, 2);
+    Tensor second = compress_spans(be, at, gt, {{150, 150, 0}}, {2}, ape.data(), st);
+    ASSERT_EQ(both.numel(), first.numel() + second.numel());
+    for (int64_t i = 0; i < first.numel(); ++i) ASSERT_EQ(both.ptr<float>()[i], first.ptr<float>()[i]);
+    for (int64_t i = 0; i < second.numel(); ++i) ASSERT_EQ(both.ptr<float>()[first.numel() + i], second.ptr<float>()[i]);
     // Entry 0 of the overlapping compressor pools only its own 4 tokens (previous window −inf).
     if (ratio == 4) {
       for (int c = 0; c < d; ++c) {

@@ -139,49 +139,71 @@ TEST(RouteTopk, FlashShapes) {
 // ---------------------------------------------------------------------------------------------
 // Compressor.
 
-// Feeds one sequence in chunks of the given sizes through both backends and compares each chunk's
-// pooled rows and the final state.
-void check_compressor(int ratio, int d, const std::vector<int64_t>& chunks) {
+// Feeds sequences in chunks (sequence i: chunks[i], its k-th chunk in step k) through both
+// backends' compressor_update, every sequence of a step in one call — the spans in turn forward
+// and backward, each sequence in its own state slot (2i + 1 of 2n) — and compares every step's
+// pooled rows, the padding rows (zero), nothing written past them, and every final state.
+void check_compressor_steps(int ratio, int d, const std::vector<std::vector<int64_t>>& chunks) {
   CpuBackend cpu;
   const int coff = ratio == 4 ? 2 : 1, width = coff * d;
-  int64_t total = 0;
-  for (auto n : chunks) total += n;
+  const int64_t n_seq = int64_t(chunks.size()), slots = 2 * n_seq, lead = 3, pad = 2;
   std::normal_distribution<float> nd(0.f, 1.f);
-  // a, g of all tokens with a few extra rows before, so row0 is not 0.
-  const int64_t lead = 3;
-  std::vector<float> a(size_t(lead + total) * width), g(a.size()), ape(size_t(ratio) * width);
-  for (auto& v : a) v = nd(rng());
-  for (auto& v : g) v = nd(rng()) * 2.f;
+  std::vector<float> ape(size_t(ratio) * width);
   for (auto& v : ape) v = nd(rng()) * 0.5f;
-  float max_a = 0;
-  for (float v : a) max_a = std::max(max_a, std::fabs(v));
-  Tensor at = cpu.from_host(DType::F32, {lead + total, width}, a.data());
-  Tensor gt = cpu.from_host(DType::F32, {lead + total, width}, g.data());
-  CompressorState state;
-  cpu.compressor_state_init(state, ratio, d);
+  CompressorStates states;
+  states.ratio = ratio, states.d = d;
+  cpu.grow_compressor_states(states, slots);
+  for (int64_t i = 0; i < slots; ++i) cpu.compressor_state_init(states, i);
 
   Stream stream;
-  const size_t state_count = size_t(coff) * ratio * width;
-  DeviceBuffer<float> d_a(a.size()), d_g(g.size()), d_ape(ape.size()), d_kv(state_count), d_sc(state_count);
-  DeviceBuffer<float> d_out(size_t(total / ratio + 2) * d);
-  d_a.upload(a, stream.get());
-  d_g.upload(g, stream.get());
+  const size_t slot_floats = size_t(states.slot_floats());
+  DeviceBuffer<float> d_ape(ape.size()), d_kv(slot_floats * size_t(slots)), d_sc(d_kv.size());
   d_ape.upload(ape, stream.get());
   d_kv.fill_bytes(0xff, stream.get());
   d_sc.fill_bytes(0xff, stream.get());
-  compressor_state_init(d_kv.get(), d_sc.get(), ratio, d, stream.get());
+  for (int64_t i = 0; i < slots; ++i)
+    compressor_state_init(d_kv.get() + i * slot_floats, d_sc.get() + i * slot_floats, ratio, d, stream.get());
 
-  size_t outputs = 0, exact = 0, bad = 0, nan = 0;
+  size_t outputs = 0, exact = 0, bad = 0, nan = 0, n_steps = 0, total = 0;
   double worst = 0;
-  int64_t pos = 0;
-  for (int64_t n : chunks) {
-    Tensor want = cpu.compressor_update(at, gt, lead + pos, n, pos, ape.data(), ratio, d, state);
+  std::vector<int64_t> pos(size_t(n_seq), 0);
+  for (size_t k = 0;; ++k) {
+    std::vector<int32_t> spans, span_slots;
+    int64_t rows = lead, entries = 0, longest = 0;
+    for (int64_t j = 0; j < n_seq; ++j) {
+      const int64_t i = k % 2 ? n_seq - 1 - j : j;
+      if (k >= chunks[size_t(i)].size()) continue;
+      const int64_t n = chunks[size_t(i)][k], p0 = pos[size_t(i)];
+      spans.insert(spans.end(), {int32_t(rows), int32_t(n), int32_t(p0)});
+      span_slots.push_back(int32_t(2 * i + 1));
+      rows += n, entries += (p0 + n) / ratio - p0 / ratio, longest = std::max(longest, n);
+      pos[size_t(i)] += n;
+    }
+    if (spans.empty()) break;
+    ++n_steps, total += size_t(rows - lead);
+    std::vector<float> a(size_t(rows) * width), g(a.size());
+    for (auto& v : a) v = nd(rng());
+    for (auto& v : g) v = nd(rng()) * 2.f;
+    float max_a = 0;
+    for (float v : a) max_a = std::max(max_a, std::fabs(v));
+    const int64_t S = int64_t(span_slots.size()), capacity = entries + pad;
+    StepTables tables;
+    tables.spans = cpu.from_host(DType::I32, {S, 3}, spans.data());
+    Tensor slot_t = cpu.from_host(DType::I32, {S}, span_slots.data());
+    Tensor at = cpu.from_host(DType::F32, {rows, width}, a.data()), gt = cpu.from_host(DType::F32, {rows, width}, g.data());
+    Tensor want = cpu.compressor_update(at, gt, tables, slot_t, capacity, longest, ape.data(), states);
+
+    DeviceBuffer<float> d_a(a.size()), d_g(g.size()), d_out(size_t(capacity + 1) * d);
+    DeviceBuffer<int32_t> d_spans(spans.size()), d_slots(span_slots.size());
+    d_a.upload(a, stream.get());
+    d_g.upload(g, stream.get());
+    d_spans.upload(spans, stream.get());
+    d_slots.upload(span_slots, stream.get());
     d_out.fill_bytes(0xff, stream.get());
-    compressor_update(d_a.get(), d_g.get(), lead + pos, n, pos, d_ape.get(), ratio, d, d_kv.get(), d_sc.get(),
-                      d_out.get(), stream.get());
+    compressor_update(d_a.get(), d_g.get(), d_spans.get(), d_slots.get(), S, longest, d_ape.get(), ratio, d, d_kv.get(),
+                      d_sc.get(), d_out.get(), capacity, stream.get());
     const std::vector<float> got = d_out.download(stream.get());
-    const int64_t emitted = want.rows();
-    for (int64_t i = 0; i < emitted * d; ++i) {
+    for (int64_t i = 0; i < entries * d; ++i) {
       const float gv = got[size_t(i)], wv = want.ptr<float>()[i];
       ++outputs;
       if (std::isnan(gv)) { ++nan; continue; }
@@ -190,26 +212,35 @@ void check_compressor(int ratio, int d, const std::vector<int64_t>& chunks) {
       worst = std::max(worst, diff / (std::fabs(wv) + max_a));
       bad += diff > 1e-5 * (std::fabs(wv) + max_a);
     }
-    // Rows past the emitted ones stay poisoned (nothing written beyond `emitted`).
-    for (int64_t i = emitted * d; i < int64_t(got.size()); ++i) {
+    for (int64_t i = entries * d; i < capacity * d; ++i) {
+      EXPECT_EQ(got[size_t(i)], 0.0f) << "padding row value at " << i;
+      if (got[size_t(i)] != 0.0f) break;
+    }
+    for (int64_t i = capacity * d; i < int64_t(got.size()); ++i) {  // past the capacity: still poisoned
       uint32_t u;
       std::memcpy(&u, &got[size_t(i)], 4);
-      EXPECT_EQ(u, 0xffffffffu) << "write past the emitted rows at " << i;
+      EXPECT_EQ(u, 0xffffffffu) << "write past the capacity at " << i;
       if (u != 0xffffffffu) break;
     }
-    pos += n;
   }
   const std::vector<float> kv = d_kv.download(stream.get()), sc = d_sc.download(stream.get());
-  const bool kv_same = std::memcmp(kv.data(), state.kv.ptr<float>(), state_count * 4) == 0;
-  const bool sc_same = std::memcmp(sc.data(), state.score.ptr<float>(), state_count * 4) == 0;
-  std::printf("compressor ratio %d d %d, %lld tokens in %zu chunks: %zu outputs, %.2f%% bit-exact, worst %.2e, "
-              "%zu NaN, state %s\n",
-              ratio, d, (long long)total, chunks.size(), outputs, outputs ? 100.0 * exact / outputs : 100.0, worst, nan,
-              kv_same && sc_same ? "bit-exact" : "DIFFERS");
+  bool same = true;
+  for (int64_t i = 0; i < n_seq; ++i) {  // the used slots (the others were never touched by either)
+    const size_t off = size_t(2 * i + 1) * slot_floats;
+    same = same && std::memcmp(kv.data() + off, states.kv.ptr<float>() + off, slot_floats * 4) == 0 &&
+           std::memcmp(sc.data() + off, states.score.ptr<float>() + off, slot_floats * 4) == 0;
+  }
+  std::printf("compressor ratio %d d %d, %lld sequences, %zu tokens in %zu steps: %zu outputs, %.2f%% bit-exact, "
+              "worst %.2e, %zu NaN, states %s\n",
+              ratio, d, (long long)n_seq, total, n_steps, outputs, outputs ? 100.0 * exact / outputs : 100.0, worst, nan,
+              same ? "bit-exact" : "DIFFER");
   EXPECT_EQ(bad, 0u);
   EXPECT_EQ(nan, 0u);
-  EXPECT_TRUE(kv_same);
-  EXPECT_TRUE(sc_same);
+  EXPECT_TRUE(same);
+}
+
+void check_compressor(int ratio, int d, const std::vector<int64_t>& chunks) {
+  check_compressor_steps(ratio, d, {chunks});
 }
 
 TEST(Compressor, OverlappingRatio4) {
@@ -229,6 +260,19 @@ TEST(Compressor, LongChunksPoolInParallel) {
   check_compressor(128, 512, {1024, 600, 513});
 }
 
+// Several sequences in one call, each at its own phase, as a step batches them; decode steps of
+// many sequences (one row each), and a long chunk beside decode tokens (the parallel-pool path
+// over every span of the step).
+TEST(Compressor, ManySequencesInOneCall) {
+  check_compressor_steps(4, 512, {{1, 4, 33, 300}, {3, 1, 2, 7}, std::vector<int64_t>(6, 1)});
+  check_compressor_steps(128, 512, {{127, 1, 128, 5}, {1, 300, 1}, std::vector<int64_t>(4, 1)});
+  std::vector<std::vector<int64_t>> decode(64, std::vector<int64_t>(9, 1));
+  for (size_t i = 0; i < decode.size(); ++i) decode[i].insert(decode[i].begin(), int64_t(i % 7) + 1);
+  check_compressor_steps(4, 512, decode);
+  check_compressor_steps(4, 128, {{1000, 1, 1}, {5, 1, 1}, {2, 2, 2}});
+  check_compressor_steps(128, 512, {{700, 1, 1}, {129, 1, 600}});
+}
+
 TEST(Compressor, Ratio128) {
   check_compressor(128, 512, {1, 4, 33, 300});
   check_compressor(128, 512, {127, 1, 128, 5});
@@ -242,6 +286,7 @@ TEST(RouterCompressorSanitizer, Small) {
   check_compressor(128, 32, {130});
   check_compressor(4, 64, {3, 40, 1});
   check_compressor(128, 32, {600, 2});
+  check_compressor_steps(4, 64, {{5, 1}, {2, 9, 1}});
 }
 
 }  // namespace

@@ -134,56 +134,74 @@ Tensor CpuBackend::indexer_topk(const Tensor& q, const Tensor& head_weights, int
   return out;
 }
 
-void CpuBackend::compressor_state_init(CompressorState& state, int ratio, int d) {
-  const int coff = ratio == 4 ? 2 : 1;
-  state.kv = alloc(DType::F32, {coff * ratio, coff * d});
-  state.score = alloc(DType::F32, {coff * ratio, coff * d});
-  std::fill_n(state.kv.ptr<float>(), state.kv.numel(), 0.0f);
-  std::fill_n(state.score.ptr<float>(), state.score.numel(), -INFINITY);
+void CpuBackend::grow_compressor_states(CompressorStates& states, int64_t slots) {
+  if (slots <= states.slots) return;
+  const int coff = states.ratio == 4 ? 2 : 1;
+  for (Tensor* t : {&states.kv, &states.score}) {
+    Tensor bigger = alloc(DType::F32, {slots, coff * states.ratio, coff * states.d});
+    if (t->data) std::memcpy(bigger.data, t->data, t->nbytes());
+    *t = std::move(bigger);
+  }
+  states.slots = slots;
 }
 
-Tensor CpuBackend::compressor_update(const Tensor& a, const Tensor& g, int64_t row0, int64_t n, int64_t pos0,
-                                     const float* ape, int ratio, int d, CompressorState& state) {
+void CpuBackend::compressor_state_init(CompressorStates& states, int64_t slot) {
+  DSV4_CHECK(slot >= 0 && slot < states.slots, "compressor_state_init: slot {} of {}", slot, states.slots);
+  const int64_t n = states.slot_floats();
+  std::fill_n(states.kv.ptr<float>() + slot * n, n, 0.0f);
+  std::fill_n(states.score.ptr<float>() + slot * n, n, -INFINITY);
+}
+
+Tensor CpuBackend::compressor_update(const Tensor& a, const Tensor& g, const StepTables& step, const Tensor& slots,
+                                     int64_t capacity, int64_t, const float* ape, CompressorStates& states) {
   // SPEC §3.4, the reference's decode-path state machine, used for every chunk size (prefill of a
-  // whole prompt computes the same softmax pools).
+  // whole prompt computes the same softmax pools), span after span.
+  const int ratio = states.ratio, d = states.d;
   const int coff = ratio == 4 ? 2 : 1;
   const int width = coff * d;
-  float* kv = state.kv.ptr<float>();
-  float* sc = state.score.ptr<float>();
-  int64_t emitted = 0;
-  for (int64_t i = 0; i < n; ++i) emitted += ((pos0 + i + 1) % ratio) == 0;
-  Tensor out = alloc(DType::F32, {emitted, d});
+  const int64_t S = step.spans.rows();
+  DSV4_CHECK(slots.numel() == S, "compressor_update: {} state slots for {} spans", slots.numel(), S);
+  Tensor out = alloc(DType::F32, {capacity, d});
+  std::fill_n(out.ptr<float>(), out.numel(), 0.0f);
   int64_t e = 0;
   std::vector<float> w(size_t(coff * ratio));
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t pos = pos0 + i;
-    const int phase = int(pos % ratio);
-    const int slot = (coff == 2 ? ratio : 0) + phase;
-    const float* ar = a.ptr<float>() + (row0 + i) * width;
-    const float* gr = g.ptr<float>() + (row0 + i) * width;
-    for (int c = 0; c < width; ++c) {
-      kv[slot * width + c] = ar[c];
-      sc[slot * width + c] = gr[c] + ape[phase * width + c];
+  for (int64_t s = 0; s < S; ++s) {
+    const int32_t* sp = step.spans.ptr<int32_t>() + s * 3;
+    const int64_t row0 = sp[0], n = sp[1], pos0 = sp[2], slot = slots.ptr<int32_t>()[s];
+    DSV4_CHECK(slot >= 0 && slot < states.slots, "compressor_update: span {} names slot {} of {}", s, slot, states.slots);
+    float* kv = states.kv.ptr<float>() + slot * states.slot_floats();
+    float* sc = states.score.ptr<float>() + slot * states.slot_floats();
+    for (int64_t i = 0; i < n; ++i) {
+      const int64_t pos = pos0 + i;
+      const int phase = int(pos % ratio);
+      const int srow = (coff == 2 ? ratio : 0) + phase;
+      const float* ar = a.ptr<float>() + (row0 + i) * width;
+      const float* gr = g.ptr<float>() + (row0 + i) * width;
+      for (int c = 0; c < width; ++c) {
+        kv[srow * width + c] = ar[c];
+        sc[srow * width + c] = gr[c] + ape[phase * width + c];
+      }
+      if (phase != ratio - 1) continue;
+      DSV4_CHECK(e < capacity, "compressor_update: more than {} entries completed", capacity);
+      float* u = out.ptr<float>() + e * d;
+      const int rows = coff * ratio;
+      for (int c = 0; c < d; ++c) {
+        // Overlapping (ratio 4): rows 0..3 = previous window, first half; rows 4..7 = current, second half.
+        auto col = [&](int r) { return coff == 2 ? (r < ratio ? c : d + c) : c; };
+        float mx = -INFINITY;
+        for (int r = 0; r < rows; ++r) mx = std::max(mx, sc[r * width + col(r)]);
+        float sum = 0;
+        for (int r = 0; r < rows; ++r) sum += (w[size_t(r)] = std::exp(sc[r * width + col(r)] - mx));
+        float acc = 0;
+        for (int r = 0; r < rows; ++r) acc += kv[r * width + col(r)] * (w[size_t(r)] / sum);
+        u[c] = acc;
+      }
+      if (coff == 2) {
+        std::memcpy(kv, kv + ratio * width, size_t(ratio) * size_t(width) * 4);
+        std::memcpy(sc, sc + ratio * width, size_t(ratio) * size_t(width) * 4);
+      }
+      ++e;
     }
-    if (phase != ratio - 1) continue;
-    float* u = out.ptr<float>() + e * d;
-    const int rows = coff * ratio;
-    for (int c = 0; c < d; ++c) {
-      // Overlapping (ratio 4): rows 0..3 = previous window, first half; rows 4..7 = current, second half.
-      auto col = [&](int r) { return coff == 2 ? (r < ratio ? c : d + c) : c; };
-      float mx = -INFINITY;
-      for (int r = 0; r < rows; ++r) mx = std::max(mx, sc[r * width + col(r)]);
-      float sum = 0;
-      for (int r = 0; r < rows; ++r) sum += (w[size_t(r)] = std::exp(sc[r * width + col(r)] - mx));
-      float acc = 0;
-      for (int r = 0; r < rows; ++r) acc += kv[r * width + col(r)] * (w[size_t(r)] / sum);
-      u[c] = acc;
-    }
-    if (coff == 2) {
-      std::memcpy(kv, kv + ratio * width, size_t(ratio) * size_t(width) * 4);
-      std::memcpy(sc, sc + ratio * width, size_t(ratio) * size_t(width) * 4);
-    }
-    ++e;
   }
   return out;
 }

@@ -27,6 +27,18 @@ Tensor CpuBackend::from_host(DType dtype, std::vector<int64_t> shape, const void
   return t;
 }
 
+void CpuBackend::upload(const Tensor& dst, const void* data) {
+  if (dst.nbytes()) std::memcpy(dst.data, data, dst.nbytes());
+}
+
+Tensor CpuBackend::generate(const RandomFill& fill, DType dtype, std::vector<int64_t> shape) {
+  Tensor t = alloc(dtype, std::move(shape));
+  DSV4_CHECK(size_t(random_fill_element_bytes(fill.kind)) == dtype_size(dtype), "generate: a {}-byte fill for {}",
+             random_fill_element_bytes(fill.kind), dtype_name(dtype));
+  random_fill_reference(fill, t.data, t.numel());
+  return t;
+}
+
 void CpuBackend::to_host(const Tensor& t, void* dst) {
   if (t.nbytes()) std::memcpy(dst, t.data, t.nbytes());
 }

@@ -12,6 +12,8 @@ class CpuBackend final : public Backend {
 
   Tensor alloc(DType dtype, std::vector<int64_t> shape) override;
   Tensor from_host(DType dtype, std::vector<int64_t> shape, const void* data) override;
+  void upload(const Tensor& dst, const void* data) override;
+  Tensor generate(const RandomFill& fill, DType dtype, std::vector<int64_t> shape) override;
   void to_host(const Tensor& t, void* dst) override;
   void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) override;
   Tensor gather_rows(const Tensor& src, const Tensor& rows) override;
@@ -45,9 +47,10 @@ class CpuBackend final : public Backend {
   Tensor indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
                       const KeyTables& keys, int k) override;
 
-  Tensor compressor_update(const Tensor& a, const Tensor& g, int64_t row0, int64_t n, int64_t pos0, const float* ape,
-                           int ratio, int d, CompressorState& state) override;
-  void compressor_state_init(CompressorState& state, int ratio, int d) override;
+  void grow_compressor_states(CompressorStates& states, int64_t slots) override;
+  void compressor_state_init(CompressorStates& states, int64_t slot) override;
+  Tensor compressor_update(const Tensor& a, const Tensor& g, const StepTables& step, const Tensor& slots,
+                           int64_t capacity, int64_t max_span_rows, const float* ape, CompressorStates& states) override;
   Tensor to_bf16(const Tensor& x) override;
 
   Routing route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) override;

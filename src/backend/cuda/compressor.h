@@ -1,5 +1,6 @@
 // The KV compressor's incremental state machine on the GPU (SPEC §3.4), CpuBackend::compressor_update
-// and compressor_state_init: per sequence, per compressor, f32 state of coff·ratio rows × coff·d.
+// and compressor_state_init: per sequence (a slot), per compressor, f32 state of coff·ratio rows ×
+// coff·d; one launch updates every span of a step.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -7,13 +8,16 @@
 
 namespace dsv4::cuda {
 
-// a, g: f32 [rows, coff·d] (rows row0 … row0+n−1 are this sequence's tokens at positions pos0 …);
-// ape f32 [ratio, coff·d]; state_kv / state_score f32 [coff·ratio, coff·d] (coff = 2 when ratio == 4,
-// else 1); out f32 [emitted, d], one row per token i with (pos0 + i + 1) % ratio == 0, in order.
-void compressor_update(const float* a, const float* g, int64_t row0, int64_t n, int64_t pos0, const float* ape, int ratio,
-                       int d, float* state_kv, float* state_score, float* out, cudaStream_t stream);
+// a, g: f32 [T, coff·d]; spans: I32 [S, 3] on the device (row0, n, pos0 of each span's rows);
+// span s updates state slot slots[s] (I32 [S]) of state_kv / state_score, f32 [slots, coff·ratio,
+// coff·d] (coff = 2 when ratio == 4, else 1); ape f32 [ratio, coff·d]; out f32 [capacity, d]: the
+// entries the step completes, span by span (one per token i of a span with (pos0 + i + 1) % ratio
+// == 0), then zero rows. max_span_rows (the longest span) only chooses the kernels.
+void compressor_update(const float* a, const float* g, const int32_t* spans, const int32_t* slots, int64_t S,
+                       int64_t max_span_rows, const float* ape, int ratio, int d, float* state_kv, float* state_score,
+                       float* out, int64_t capacity, cudaStream_t stream);
 
-// state_kv = 0, state_score = −inf.
+// One slot (its kv and score pointers): kv = 0, score = −inf.
 void compressor_state_init(float* state_kv, float* state_score, int ratio, int d, cudaStream_t stream);
 
 }  // namespace dsv4::cuda

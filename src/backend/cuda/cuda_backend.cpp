@@ -11,6 +11,7 @@
 #include "backend/cuda/linear.h"
 #include "backend/cuda/logit_processing.h"
 #include "backend/cuda/moe_fp4.h"
+#include "backend/cuda/random_fill.h"
 #include "backend/cuda/row_ops.h"
 #include "backend/cuda/sampling.h"
 #include "backend/cuda/sparse_mla_decode.h"
@@ -22,8 +23,9 @@ namespace dsv4::cuda {
 // ---- memory ----
 
 DeviceMemoryPool::~DeviceMemoryPool() {
-  for (auto& [size, list] : free_)
-    for (void* p : list) cudaFree(p);
+  for (auto* lists : {&free_, &recorded_free_})
+    for (auto& [size, list] : *lists)
+      for (void* p : list) cudaFree(p);
 }
 
 // Four classes per power of two (≤ 25% slack), 256 bytes at least.
@@ -38,12 +40,21 @@ void* DeviceMemoryPool::get(size_t bytes) {
   const size_t c = size_class(bytes);
   {
     std::lock_guard<std::mutex> lock(mu_);
-    auto it = free_.find(c);
-    if (it != free_.end() && !it->second.empty()) {
+    auto take = [&](std::map<size_t, std::vector<void*>>& lists) -> void* {
+      auto it = lists.find(c);
+      if (it == lists.end() || it->second.empty()) return nullptr;
       void* p = it->second.back();
       it->second.pop_back();
       return p;
+    };
+    if (recording_) {
+      if (void* p = take(recorded_free_)) return p;
+      if (void* p = take(free_)) return recorded_.insert(p), p;
+      fail("CUDA backend: the step being recorded needs a new {:.1f} MB block; a step is recorded only after one of its "
+           "shape ran as called",
+           double(c) / 1e6);
     }
+    if (void* p = take(free_)) return p;
   }
   void* p = nullptr;
   cudaError_t err = cudaMalloc(&p, c);
@@ -58,7 +69,7 @@ void* DeviceMemoryPool::get(size_t bytes) {
 
 void DeviceMemoryPool::put(void* p, size_t bytes) {
   std::lock_guard<std::mutex> lock(mu_);
-  free_[size_class(bytes)].push_back(p);
+  (recorded_.count(p) ? recorded_free_ : free_)[size_class(bytes)].push_back(p);
 }
 
 CudaBackend::CudaBackend() : memory_(std::make_shared<DeviceMemoryPool>()) {
@@ -101,9 +112,11 @@ void CudaBackend::begin_capture() {
   // Thread-local mode: a driver allocation or a synchronising call from this thread while
   // recording is an error, so a recording that succeeds proves the step does neither.
   DSV4_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
+  memory_->set_recording(true);
 }
 
 std::unique_ptr<CapturedWork> CudaBackend::end_capture() {
+  memory_->set_recording(false);
   auto g = std::make_unique<CudaGraph>();
   const cudaError_t err = cudaStreamEndCapture(stream(), &g->graph);
   if (err != cudaSuccess) {
@@ -170,6 +183,18 @@ Tensor CudaBackend::from_host(DType dtype, std::vector<int64_t> shape, const voi
   Tensor t = alloc(dtype, std::move(shape));
   // Pageable source: the call returns once the bytes are staged, so `data` may die afterwards.
   if (t.nbytes()) DSV4_CUDA_CHECK(cudaMemcpyAsync(t.data, data, t.nbytes(), cudaMemcpyHostToDevice, stream()));
+  return t;
+}
+
+void CudaBackend::upload(const Tensor& dst, const void* data) {
+  if (dst.nbytes()) DSV4_CUDA_CHECK(cudaMemcpyAsync(dst.data, data, dst.nbytes(), cudaMemcpyHostToDevice, stream()));
+}
+
+Tensor CudaBackend::generate(const RandomFill& fill, DType dtype, std::vector<int64_t> shape) {
+  Tensor t = alloc_state(dtype, std::move(shape));
+  DSV4_CHECK(size_t(random_fill_element_bytes(fill.kind)) == dtype_size(dtype), "generate: a {}-byte fill for {}",
+             random_fill_element_bytes(fill.kind), dtype_name(dtype));
+  random_fill(fill, t.data, t.numel(), stream());
   return t;
 }
 

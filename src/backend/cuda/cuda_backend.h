@@ -15,6 +15,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <set>
 #include <tuple>
 #include <vector>
 
@@ -30,17 +31,25 @@ class SparseMlaPlan;
 class MoeWorkspace;
 
 // Device memory handed out by size class and kept for reuse (stream-ordered: one stream).
+// While a step is recorded, blocks come from the recordings' own free blocks, else from the free
+// list — and then belong to recordings for good: work run as called never gets a recording's
+// block, so a tensor that lives across a replay (a descriptor, a sampled token) cannot share
+// memory with the replayed step's scratch. Recordings share their blocks with each other: they
+// replay one at a time on the one stream, and their results are read before the next replay.
 class DeviceMemoryPool {
  public:
   ~DeviceMemoryPool();
   void* get(size_t bytes);
   void put(void* p, size_t bytes);
+  void set_recording(bool on) { recording_ = on; }
   size_t bytes_held() const { return held_; }
 
  private:
   static size_t size_class(size_t bytes);
   std::mutex mu_;
-  std::map<size_t, std::vector<void*>> free_;
+  std::map<size_t, std::vector<void*>> free_, recorded_free_;
+  std::set<void*> recorded_;
+  bool recording_ = false;
   size_t held_ = 0;
 };
 
@@ -58,12 +67,15 @@ class CudaBackend final : public Backend {
   void begin_capture() override;
   std::unique_ptr<CapturedWork> end_capture() override;
   void replay(const CapturedWork& work) override;
+  uint64_t recording_epoch() const override { return epoch_; }
   int mark() override;
   double elapsed_ms(int from, int to) override;
   void clear_marks() override { marks_used_ = 0; }
 
   Tensor alloc(DType dtype, std::vector<int64_t> shape) override;
   Tensor from_host(DType dtype, std::vector<int64_t> shape, const void* data) override;
+  void upload(const Tensor& dst, const void* data) override;
+  Tensor generate(const RandomFill& fill, DType dtype, std::vector<int64_t> shape) override;
   void to_host(const Tensor& t, void* dst) override;
   void copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) override;
   Tensor gather_rows(const Tensor& src, const Tensor& rows) override;
@@ -97,9 +109,10 @@ class CudaBackend final : public Backend {
   Tensor indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
                       const KeyTables& keys, int k) override;
 
-  Tensor compressor_update(const Tensor& a, const Tensor& g, int64_t row0, int64_t n, int64_t pos0, const float* ape,
-                           int ratio, int d, CompressorState& state) override;
-  void compressor_state_init(CompressorState& state, int ratio, int d) override;
+  void grow_compressor_states(CompressorStates& states, int64_t slots) override;
+  void compressor_state_init(CompressorStates& states, int64_t slot) override;
+  Tensor compressor_update(const Tensor& a, const Tensor& g, const StepTables& step, const Tensor& slots,
+                           int64_t capacity, int64_t max_span_rows, const float* ape, CompressorStates& states) override;
   Tensor to_bf16(const Tensor& x) override;
 
   Routing route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) override;
@@ -125,6 +138,7 @@ class CudaBackend final : public Backend {
 
   Stream stream_;
   std::shared_ptr<DeviceMemoryPool> memory_;
+  uint64_t epoch_ = 0;  // recording_epoch: bumped where memory a recording may address is replaced
   std::vector<DeviceBuffer<uint8_t>> weights_;  // placed weights, alive as long as the backend
   std::map<std::pair<int, int>, std::unique_ptr<SparseMlaPlan>> plans_;
   std::unique_ptr<IndexerWorkspace> indexer_ws_;

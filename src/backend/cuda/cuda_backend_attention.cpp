@@ -44,6 +44,7 @@ void CudaBackend::grow_pool(EntryPool& pool, int64_t pages) {
                                     stream()));
   pool.storage = std::move(bigger);  // the old storage's cudaFree waits for the copy
   pool.pages = pages;
+  ++epoch_;
 }
 
 void CudaBackend::write_entries(const Tensor& values, const Tensor& entries, EntryPool& pool) {
@@ -155,6 +156,7 @@ IndexerWorkspace& CudaBackend::indexer_workspace(int queries, int keys) {
     const int k = int(std::bit_ceil(unsigned(std::max({keys, 64, indexer_ws_ ? indexer_ws_->max_keys() : 1}))));
     stream_.sync();  // the old workspace may still be read by queued work
     indexer_ws_ = std::make_unique<IndexerWorkspace>(q, k);
+    ++epoch_;
   }
   return *indexer_ws_;
 }
@@ -194,21 +196,34 @@ Tensor CudaBackend::indexer_topk(const Tensor& q, const Tensor& head_weights, in
   return out;
 }
 
-void CudaBackend::compressor_state_init(CompressorState& state, int ratio, int d) {
-  const int coff = ratio == 4 ? 2 : 1;
-  state.kv = alloc_state(DType::F32, {coff * ratio, coff * d});
-  state.score = alloc_state(DType::F32, {coff * ratio, coff * d});
-  cuda::compressor_state_init(state.kv.ptr<float>(), state.score.ptr<float>(), ratio, d, stream());
+void CudaBackend::grow_compressor_states(CompressorStates& states, int64_t slots) {
+  if (slots <= states.slots) return;
+  const int coff = states.ratio == 4 ? 2 : 1;
+  for (Tensor* t : {&states.kv, &states.score}) {
+    Tensor bigger = alloc_state(DType::F32, {slots, coff * states.ratio, coff * states.d});
+    if (t->data) DSV4_CUDA_CHECK(cudaMemcpyAsync(bigger.data, t->data, t->nbytes(), cudaMemcpyDeviceToDevice, stream()));
+    *t = std::move(bigger);  // the old state's cudaFree waits for the copy
+  }
+  states.slots = slots;
+  ++epoch_;
 }
 
-Tensor CudaBackend::compressor_update(const Tensor& a, const Tensor& g, int64_t row0, int64_t n, int64_t pos0,
-                                      const float* ape, int ratio, int d, CompressorState& state) {
-  int64_t emitted = 0;
-  for (int64_t i = 0; i < n; ++i) emitted += ((pos0 + i + 1) % ratio) == 0;
-  Tensor out = alloc(DType::F32, {emitted, d});
-  if (n)
-    cuda::compressor_update(a.ptr<float>(), g.ptr<float>(), row0, n, pos0, ape, ratio, d, state.kv.ptr<float>(),
-                            state.score.ptr<float>(), out.ptr<float>(), stream());
+void CudaBackend::compressor_state_init(CompressorStates& states, int64_t slot) {
+  DSV4_CHECK(slot >= 0 && slot < states.slots, "compressor_state_init: slot {} of {}", slot, states.slots);
+  const int64_t n = states.slot_floats();
+  cuda::compressor_state_init(states.kv.ptr<float>() + slot * n, states.score.ptr<float>() + slot * n, states.ratio,
+                              states.d, stream());
+}
+
+Tensor CudaBackend::compressor_update(const Tensor& a, const Tensor& g, const StepTables& step, const Tensor& slots,
+                                      int64_t capacity, int64_t max_span_rows, const float* ape, CompressorStates& states) {
+  const int64_t S = step.spans.rows();
+  DSV4_CHECK(slots.numel() == S && slots.dtype == DType::I32, "compressor_update: {} state slots for {} spans",
+             slots.numel(), S);
+  Tensor out = alloc(DType::F32, {capacity, states.d});
+  cuda::compressor_update(a.ptr<float>(), g.ptr<float>(), step.spans.ptr<int32_t>(), slots.ptr<int32_t>(), S,
+                          max_span_rows, ape, states.ratio, states.d, states.kv.ptr<float>(), states.score.ptr<float>(),
+                          out.ptr<float>(), capacity, stream());
   return out;
 }
 

@@ -67,6 +67,7 @@ MoeWorkspace& CudaBackend::moe_workspace(const MoeFp4Shape& shape, int tokens, i
   if (!ws || ws->max_tokens() < tokens) {
     stream_.sync();  // the old scratch may still be in use by queued work
     ws = std::make_unique<MoeWorkspace>(shape, int(std::bit_ceil(unsigned(std::max(tokens, 16)))), k);
+    ++epoch_;
   }
   return *ws;
 }

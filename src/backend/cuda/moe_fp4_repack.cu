@@ -308,10 +308,11 @@ void MoeFp4Staging::upload(const std::vector<MoeFp4ExpertTensors>& experts, int 
     const uint8_t* src_scales[3] = {t.w1_scale, t.w3_scale, t.w2_scale};
     for (int m = 0; m < 3; ++m) {
       if (!src_packed[m] || !src_scales[m]) fail("moe_fp4_repack: expert {} has a missing tensor", begin + j);
+      // Default: host bytes of a checkpoint, or device bytes of a weight generated in place.
       DSV4_CUDA_CHECK(cudaMemcpyAsync(packed(m) + size_t(j) * matrix_bytes_, src_packed[m], matrix_bytes_,
-                                      cudaMemcpyHostToDevice, stream));
+                                      cudaMemcpyDefault, stream));
       DSV4_CUDA_CHECK(cudaMemcpyAsync(scales(m) + size_t(j) * scale_bytes_, src_scales[m], scale_bytes_,
-                                      cudaMemcpyHostToDevice, stream));
+                                      cudaMemcpyDefault, stream));
     }
     scale_2[size_t(j) * 3 + 0] = t.w1_scale_2;
     scale_2[size_t(j) * 3 + 1] = t.w3_scale_2;

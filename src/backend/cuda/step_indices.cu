@@ -58,7 +58,7 @@ __global__ void __launch_bounds__(kThreads) step_indices_kernel(const cpu::StepI
         }
         e -= here;
       }
-      out[i] = -1;
+      out[i] = a.kind == StepIndexKind::CompressedPositions ? 0 : -1;  // a fixed-shape step's padding
       return;
     }
   }
