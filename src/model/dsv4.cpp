@@ -69,8 +69,12 @@ Dsv4Model::Dsv4Model(std::unique_ptr<ModelWeights> weights, Backend& backend)
 // A recorded decode step: its descriptor buffer (the forward part, refilled before each replay),
 // the recording, and the head's logits it leaves (memory the recording owns).
 struct Dsv4Model::DecodeGraph {
-  bool warmed = false;     // one step of this shape ran as called (workspaces grown)
-  bool eager_only = false; // recording it failed: run it as called
+  // Steps of this shape run as called before one is recorded: the first grows the workspaces
+  // and sizes the descriptor, the second runs exactly as a recorded one allocates (its
+  // descriptor in the recording's buffer, the sampling part apart), so the pool holds every
+  // block the recording will take.
+  int warm_steps = 0;
+  int failures = 0;        // recordings that failed (a block missing): after 3, run as called
   int64_t words = 0;       // the descriptor's forward part
   Tensor descriptor;
   std::unique_ptr<CapturedWork> work;
@@ -321,15 +325,15 @@ StepOutput Dsv4Model::step_fixed(const std::vector<BatchItem>& batch, int bucket
   std::unique_ptr<DecodeGraph>& slot = graphs_[{bucket, bound}];
   if (!slot) slot = std::make_unique<DecodeGraph>();
   DecodeGraph& g = *slot;
-  const bool record = graph_mode_ == DecodeGraphs::Record && g.warmed && !g.eager_only;
-  if (record && !g.descriptor.data) g.descriptor = backend_.alloc(DType::I32, {g.words});
-  if (record) rq.descriptor = g.descriptor;
+  const bool recording = graph_mode_ == DecodeGraphs::Record && g.failures < 3;
+  if (recording && g.warm_steps >= 1 && !g.descriptor.data) g.descriptor = backend_.alloc(DType::I32, {g.words});
+  if (g.descriptor.data) rq.descriptor = g.descriptor;
   StepPlan plan = build_step_plan(backend_, rq);  // may grow cache pools: the epoch is read after
   StepResult r;
   try {
-    if (!record) {
+    if (!recording || g.warm_steps < 2) {
       g.words = plan.descriptor_words;
-      g.warmed = true;
+      ++g.warm_steps;
       r.logits = run_forward(plan);
       ++graph_stats_.fixed_eager;
     } else {
@@ -350,9 +354,10 @@ StepOutput Dsv4Model::step_fixed(const std::vector<BatchItem>& batch, int bucket
           } catch (...) {
           }
           g.logits = Tensor{};
-          g.eager_only = true;
-          log_info("warning: a decode step of {} sequences (positions < {}) could not be recorded, it runs as called: {}", bucket,
-                   bound, e.what());
+          g.warm_steps = 1;  // the next step of this shape runs as called again, then records
+          if (++g.failures == 3)
+            log_info("warning: decode steps of {} sequences (positions < {}) could not be recorded; they run as called: {}",
+                     bucket, bound, e.what());
         }
       }
       if (g.work) {
