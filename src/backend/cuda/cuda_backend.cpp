@@ -200,7 +200,17 @@ Tensor CudaBackend::generate(const RandomFill& fill, DType dtype, std::vector<in
 
 void CudaBackend::to_host(const Tensor& t, void* dst) {
   if (!t.nbytes()) return;
-  DSV4_CUDA_CHECK(cudaMemcpyAsync(dst, t.data, t.nbytes(), cudaMemcpyDeviceToHost, stream()));
+  const cudaError_t err = cudaMemcpyAsync(dst, t.data, t.nbytes(), cudaMemcpyDeviceToHost, stream());
+  if (err != cudaSuccess) {
+    cudaPointerAttributes at{};
+    const bool known = cudaPointerGetAttributes(&at, t.data) == cudaSuccess;
+    (void)cudaGetLastError();
+    fail("CUDA backend: reading back a {} tensor of {} rows ({} bytes at {}, {} memory) failed: {}", dtype_name(t.dtype),
+         t.shape.size() ? t.shape[0] : 0, t.nbytes(), t.data,
+         !known ? "unknown" : at.type == cudaMemoryTypeDevice ? "device" : at.type == cudaMemoryTypeHost ? "pinned host"
+                                                                              : "unregistered host",
+         cudaGetErrorString(err));
+  }
   stream_.sync();
 }
 
