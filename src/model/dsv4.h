@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "model/weights.h"
 #include "model/kv_pool.h"
 #include "model/step_plan.h"
@@ -57,7 +58,10 @@ struct StepResult {
 
 class Dsv4Model {
  public:
-  Dsv4Model(std::unique_ptr<ModelWeights> weights, Backend& backend);
+  // With a communicator of world > 1 this is one rank of a tensor-parallel model
+  // (model/tensor_parallel_model.h): `weights` are the rank's share (weights->layout), and the
+  // forward sums the ranks' partial outputs where a split op ends. Null = the whole model.
+  Dsv4Model(std::unique_ptr<ModelWeights> weights, Backend& backend, Communicator* comm = nullptr);
   ~Dsv4Model();
 
   const ModelConfig& config() const { return weights_->config; }
@@ -105,12 +109,14 @@ class Dsv4Model {
   void compress(const CompressorWeights& w, const Tensor& x, const StepPlan& plan, const LayerPlan& lp, bool index_keys,
                 const RopeTable& rope);
   Tensor embed_streams(const StepPlan& plan);  // [T, hc, D]
+  bool split() const { return comm_ && comm_->world_size() > 1; }
   void emit(const std::string& name, int layer, const Tensor& t) {
     if (dump) dump(name + "-" + std::to_string(layer), t);
   }
 
   std::unique_ptr<ModelWeights> weights_;
   Backend& backend_;
+  Communicator* comm_;
   RopeTable rope_plain_, rope_yarn_;
   std::vector<std::unique_ptr<LayerCaches>> caches_;  // main layers, then MTP layers
   std::vector<std::unique_ptr<Sequence>> seqs_;
