@@ -71,6 +71,11 @@ class TensorBinder {
     return v->data();
   }
   std::vector<std::shared_ptr<void>> take_kept() { return std::move(kept_); }
+  bool release_kept() {
+    const bool any = !kept_.empty();
+    kept_.clear();
+    return any;
+  }
   // Expert parallelism: the tensors under `prefix` ("layers.3.ffn.experts.7.") are another rank's,
   // not unused.
   void owned_elsewhere(std::string prefix) { elsewhere_.insert(std::move(prefix)); }
@@ -265,6 +270,12 @@ BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig
   m.shared = {bind_linear(b, p + ".ffn.shared_experts.w1", I, D, lf, true, inter),
               bind_linear(b, p + ".ffn.shared_experts.w2", D, I, lf, true, {}, inter),
               bind_linear(b, p + ".ffn.shared_experts.w3", I, D, lf, true, inter)};
+  // A backend with its own copies (placed, experts prepared) no longer needs this layer's host
+  // slices: on a GPU the routed experts' w2 slices alone would keep 1/N of them in host memory.
+  if (b.copies() && b.release_kept()) {
+    for (auto& e : m.experts)
+      for (LinearWeight* l : {&e.w1, &e.w2, &e.w3}) l->w = l->scale = nullptr;
+  }
   return blk;
 }
 
@@ -322,7 +333,7 @@ std::unique_ptr<ModelWeights> bind_model_weights(const ModelConfig& config, Tens
     const double per32 = w1.format == WeightFormat::NVFP4 ? 2 : w1.format == WeightFormat::MXFP4 ? 1 : 0;
     const double w_bytes = w1.format == WeightFormat::BF16 ? 2.0 : w1.format == WeightFormat::FP8_BLOCK ? 1.0 : 0.5;
     mw->expert_bytes.push_back(3.0 * double(c.moe_inter_dim) * double(c.dim) * (w_bytes + per32 / 32));
-    progress.update(l + 1, total, b.placed_bytes());
+    if (layout.rank == 0) progress.update(l + 1, total, b.placed_bytes());  // one bar for all ranks
   }
   for (int m = 0; m < c.n_mtp_layers; ++m) {
     std::string p = fmt::format("mtp.{}", m);
@@ -335,9 +346,9 @@ std::unique_ptr<ModelWeights> bind_model_weights(const ModelConfig& config, Tens
     w.norm = b.bf16(p + ".norm.weight", {D});
     w.hc_head = {b.f32(p + ".hc_head_fn", {hc, hc * D}), b.f32(p + ".hc_head_base", {hc}), b.f32(p + ".hc_head_scale", {1})};
     mw->mtp.push_back(std::move(w));
-    progress.update(c.n_layers + m + 1, total, b.placed_bytes());
+    if (layout.rank == 0) progress.update(c.n_layers + m + 1, total, b.placed_bytes());
   }
-  progress.done();
+  if (layout.rank == 0) progress.done();
   mw->tensors_bound = b.used().size();
   mw->bytes_bound = b.bytes();
   mw->shard_copies = b.take_kept();
