@@ -43,7 +43,11 @@ std::unique_ptr<Backend> make_backend(const std::string& name) {
 CommunicatorGroup make_communicator_group(const std::string& backend_name, int world) {
   if (backend_name == "cpu") return make_in_process_group(world);
   // NCCL (one communicator per GPU, collectives on each CudaBackend's stream) is the CUDA twin.
-  if (backend_name == "cuda") fail("tensor parallelism on the CUDA backend needs the NCCL communicator, not built yet; use --backend cpu");
+  if (backend_name == "cuda") {
+    const std::string why = cuda_unavailable_reason();
+    if (!why.empty()) fail("--backend cuda: {}; use --backend cpu", why);
+    fail("tensor parallelism on the CUDA backend needs the NCCL communicator, not built yet; use --backend cpu");
+  }
   fail("unknown backend '{}' (cpu or cuda)", backend_name);
 }
 
