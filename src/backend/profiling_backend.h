@@ -104,6 +104,13 @@ class ProfilingBackend final : public Backend {
   Routing route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) override;
   Tensor moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override;
 
+  // Tensor parallelism's pieces pass through untimed (dsv4 profile runs one rank).
+  Tensor linear_partial(const Tensor& x, const LinearWeight& w) override { return inner_->linear_partial(x, w); }
+  Tensor moe_expert_partials(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override {
+    return inner_->moe_expert_partials(x, r, w, swiglu_limit);
+  }
+  Tensor moe_combine(const Tensor& partials, const Routing& r) override { return inner_->moe_combine(partials, r); }
+
   Tensor logits(const Tensor& h, const uint16_t* head, int vocab) override;
   Tensor sample(const Tensor& logits, const Tensor& params, const Tensor& counters) override;
   void apply_penalties(Tensor& logits, const Tensor& params, const Tensor& rows, const Tensor& ids,

@@ -39,6 +39,9 @@ struct IndexerWeights {
 };
 
 struct AttentionWeights {
+  // This rank's query heads and output groups (tensor parallelism shards them; all of them
+  // otherwise): wq_b, sink and wo_a hold exactly these, wo_b the matching input columns.
+  int n_heads = 0, o_groups = 0;
   LinearWeight wq_a, wq_b, wkv, wo_b;
   const uint16_t* wo_a = nullptr;  // bf16 [o_groups·o_lora, H·d/o_groups] (the reference runs it in bf16)
   std::shared_ptr<std::vector<uint16_t>> wo_a_host;  // the load-time bf16 conversion wo_a first points into
@@ -54,6 +57,9 @@ struct ExpertWeights {
 };
 
 struct MoeWeights {
+  // The router chooses among n_routed experts; experts[i] is expert expert_begin + i. Expert
+  // parallelism binds a rank's n_routed / world experts only; otherwise all of them, from 0.
+  int n_routed = 0, expert_begin = 0;
   const uint16_t* gate = nullptr;  // bf16 [E, D]
   const float* bias = nullptr;     // f32 [E] (learned routing)
   const int32_t* hash_table = nullptr;  // tid2eid [vocab, k] (hash routing), backend memory

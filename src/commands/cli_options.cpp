@@ -10,7 +10,10 @@
 #include <filesystem>
 #include <thread>
 
+#include "checkpoint/model_config.h"
 #include "core/error.h"
+#include "model/parallel_layout.h"
+#include "model/synthetic.h"
 #include "serve/tokenizer.h"
 
 namespace dsv4::commands {
@@ -143,6 +146,24 @@ CLI::Option* add_backend_option(CLI::App* cmd, std::string& backend) {
   return cmd->add_option("--backend", backend, "Compute backend: cpu | cuda")
       ->check(one_of({"cpu", "cuda"}))
       ->capture_default_str();
+}
+
+void add_parallel_options(CLI::App* cmd, ParallelOptions& parallel) {
+  cmd->add_option("--tensor-parallel-size", parallel.tensor_parallel_size,
+                  "Split the model over this many ranks (attention heads, experts), one thread each")
+      ->check(integer_in(1, 256, "1 = not split"))
+      ->capture_default_str();
+  cmd->add_flag("--expert-parallel", parallel.expert_parallel,
+                "With --tensor-parallel-size N: give each rank whole routed experts (n_experts / N) instead of a slice of every expert");
+}
+
+void check_parallel_options(const std::string& dir, const ParallelOptions& parallel) {
+  const int n = parallel.tensor_parallel_size;
+  if (parallel.expert_parallel && n == 1) usage_error("--expert-parallel splits the experts over ranks: give --tensor-parallel-size N > 1");
+  if (n == 1) return;
+  const ModelConfig c = dir.rfind("synthetic:", 0) == 0 ? make_synthetic_source(dir)->config() : load_model_config(dir);
+  if (const std::string why = parallel_layout_problem(c, n, parallel.expert_parallel); !why.empty())
+    usage_error("--tensor-parallel-size {}: {}", n, why);
 }
 
 void add_sampling_options(CLI::App* cmd, SamplingParams& sampling) {

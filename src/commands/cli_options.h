@@ -53,6 +53,16 @@ CLI::Option* add_model_option(CLI::App* cmd, std::string& dir);
 void check_model_dir(const std::string& dir);
 // --backend cpu|cuda (default cpu).
 CLI::Option* add_backend_option(CLI::App* cmd, std::string& backend);
+// --tensor-parallel-size N (1 to 256, default 1) and --expert-parallel: one model over N ranks
+// (model/tensor_parallel_model.h).
+struct ParallelOptions {
+  int tensor_parallel_size = 1;
+  bool expert_parallel = false;
+};
+void add_parallel_options(CLI::App* cmd, ParallelOptions& parallel);
+// A usage error (exit status 2) where the model at `dir` cannot be split so: a size that does not
+// divide its heads, output groups, experts or intermediate size; --expert-parallel without N > 1.
+void check_parallel_options(const std::string& dir, const ParallelOptions& parallel);
 // --temperature, --top-p, --top-k, --min-p, --seed, each with its default and range.
 void add_sampling_options(CLI::App* cmd, SamplingParams& sampling);
 

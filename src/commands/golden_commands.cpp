@@ -19,24 +19,52 @@ LoadedModel load_model(const std::string& dir, const std::string& backend_name) 
   return load_model(dir, make_backend(backend_name));
 }
 
-LoadedModel load_model(const std::string& dir, std::unique_ptr<Backend> backend) {
-  auto t0 = std::chrono::steady_clock::now();
-  LoadedModel m;
-  m.backend = std::move(backend);
-  auto weights = load_model_weights(dir, m.backend.get());
-  const double secs = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  log_info("loaded {} ({} tensors, {:.1f} MB) in {:.2f} s ({:.2f} GB/s)", dir, weights->tensors_bound,
-           weights->bytes_bound / 1e6, secs, weights->bytes_bound / 1e9 / std::max(secs, 1e-9));
-  const std::string& q = weights->config.quant_summary;
+namespace {
+
+// The load log: what was bound and detected (rank 0's share for a split model).
+void log_loaded(const std::string& dir, const ModelWeights& weights, double secs, const std::string& backend) {
+  log_info("loaded {} ({} tensors, {:.1f} MB) in {:.2f} s ({:.2f} GB/s)", dir, weights.tensors_bound, weights.bytes_bound / 1e6,
+           secs, weights.bytes_bound / 1e9 / std::max(secs, 1e-9));
+  const std::string& q = weights.config.quant_summary;
   for (size_t pos = 0; pos < q.size();) {
     size_t nl = std::min(q.find('\n', pos), q.size());
     log_info("  {}", q.substr(pos, nl - pos));
     pos = nl + 1;
   }
-  if (!weights->unused_tensors.empty())
-    log_info("  {} tensors not used by the model, e.g. {}", weights->unused_tensors.size(), weights->unused_tensors[0]);
-  log_info("  backend: {}", m.backend->name());
+  if (!weights.unused_tensors.empty())
+    log_info("  {} tensors not used by the model, e.g. {}", weights.unused_tensors.size(), weights.unused_tensors[0]);
+  log_info("  backend: {}", backend);
+}
+
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+LoadedModel load_model(const std::string& dir, std::unique_ptr<Backend> backend) {
+  auto t0 = std::chrono::steady_clock::now();
+  LoadedModel m;
+  m.backend = std::move(backend);
+  auto weights = load_model_weights(dir, m.backend.get());
+  log_loaded(dir, *weights, seconds_since(t0), m.backend->name());
   m.model = std::make_unique<Dsv4Model>(std::move(weights), *m.backend);
+  return m;
+}
+
+std::unique_ptr<TensorParallelModel> load_parallel_model(const std::string& dir, const std::string& backend_name,
+                                                         TensorParallelModel::Options options) {
+  auto t0 = std::chrono::steady_clock::now();
+  auto m = std::make_unique<TensorParallelModel>(dir, backend_name, options);
+  log_loaded(dir, m->rank_model(0).weights(), seconds_since(t0), m->rank_backend(0).name());
+  if (options.world > 1) {
+    const ModelConfig& c = m->config();
+    log_info("  tensor parallel: {} ranks, {} of {} attention heads each, routed experts {}", options.world,
+             c.n_heads / options.world, c.n_heads,
+             options.expert_parallel ? fmt::format("by expert ({} of {} each)", c.n_routed_experts / options.world, c.n_routed_experts)
+                                     : fmt::format("by intermediate dimension ({} of {} each)", c.moe_inter_dim / options.world,
+                                                   c.moe_inter_dim));
+  }
   return m;
 }
 
@@ -97,9 +125,11 @@ double argmax_agreement(const float* a, const float* b, size_t rows, size_t V) {
 }  // namespace
 
 void run_logits_command(const std::string& model_dir, const std::vector<std::string>& inputs, const std::string& out_dir,
-                        const std::string& backend, const std::string& dump_path) {
-  auto m = load_model(model_dir, backend);
-  const int V = m.model->config().vocab_size;
+                        const std::string& backend, const std::string& dump_path, TensorParallelModel::Options parallel) {
+  auto tp = load_parallel_model(model_dir, backend, parallel);
+  TensorParallelModel& model = *tp;
+  Dsv4Model& rank0 = tp->rank_model(0);  // intermediates are rank 0's (its share of the heads)
+  const int V = model.config().vocab_size;
   struct Input {
     std::string path;
     std::vector<int32_t> prompt, decode;
@@ -120,18 +150,18 @@ void run_logits_command(const std::string& model_dir, const std::vector<std::str
   auto t0 = std::chrono::steady_clock::now();
   std::vector<BatchItem> batch;
   for (auto& in : ins) {
-    in.seq = m.model->new_sequence();
+    in.seq = model.new_sequence();
     batch.push_back({in.seq, in.prompt, true});
   }
   std::vector<TensorOut> dumped;
   if (!dump_path.empty())
-    m.model->dump = [&](const std::string& name, const Tensor& t) {
+    rank0.dump = [&](const std::string& name, const Tensor& t) {
       std::vector<uint8_t> host(t.nbytes());
-      m.backend->to_host(t, host.data());
+      rank0.backend().to_host(t, host.data());
       dumped.push_back(make_tensor_out(name, t.dtype, t.shape, host.data()));
     };
-  StepOutput out = m.model->step(batch);
-  m.model->dump = nullptr;
+  StepOutput out = model.step(batch);
+  rank0.dump = nullptr;
   if (!dump_path.empty()) {
     write_safetensors(dump_path, dumped);
     log_info("wrote {} intermediates of the prefill step to {}", dumped.size(), dump_path);
@@ -150,7 +180,7 @@ void run_logits_command(const std::string& model_dir, const std::vector<std::str
         live.push_back(&in);
         batch.push_back({in.seq, {in.decode[k]}, false});
       }
-    out = m.model->step(batch);
+    out = model.step(batch);
     for (size_t i = 0; i < live.size(); ++i) {
       const float* row = out.logits.data() + out.row_of[i] * V;
       live[i]->decode_logits.insert(live[i]->decode_logits.end(), row, row + V);
@@ -167,19 +197,22 @@ void run_logits_command(const std::string& model_dir, const std::vector<std::str
   log_info("{} inputs: prefill + {} decode steps in {:.2f} s; wrote {}", ins.size(), steps, secs, out_dir);
 }
 
-void run_layer_check_command(const std::string& model_dir, const std::string& golden_path, const std::string& output,
-                             int chunk, const std::string& backend) {
-  auto m = load_model(model_dir, backend);
-  Dsv4Model& model = *m.model;
-  Backend& be = *m.backend;
+namespace {
+
+// layer-check on one rank of the model (every rank runs it at once; the split ops meet in their
+// collectives): `report` = print the table, and `outs` receives what is written (rank 0).
+void layer_check_on_rank(Dsv4Model& model, const SafetensorsFile& g, const std::string& golden_path, int chunk, bool report,
+                         std::vector<TensorOut>& outs) {
+  Backend& be = model.backend();
   const ModelConfig& c = model.config();
-  SafetensorsFile g(golden_path);
   const std::vector<int32_t> prompt = read_ids(g, "prompt_ids", c.vocab_size);
   const int64_t T = int64_t(prompt.size()), D = c.dim, hc = c.hc_mult, V = c.vocab_size;
   if (chunk <= 0) chunk = int(T);
-  std::vector<TensorOut> outs;
-  fmt::print("layer-check {} (T = {}, chunk = {})\n\n| check | rel RMS | max abs | bit-identical | other |\n|---|---|---|---|---|\n",
-             golden_path, T, chunk);
+  auto print = [report](const char* format, const auto&... args) {
+    if (report) fmt::print(fmt::runtime(format), args...);
+  };
+  print("layer-check {} (T = {}, chunk = {})\n\n| check | rel RMS | max abs | bit-identical | other |\n|---|---|---|---|---|\n",
+        golden_path, T, chunk);
 
   // Embedding.
   Tensor e = be.embed(upload_i32(be, prompt), model.weights().embed, c.dim);
@@ -192,7 +225,7 @@ void run_layer_check_command(const std::string& model_dir, const std::string& go
     std::vector<float> ours(e_host.size());
     for (size_t i = 0; i < ours.size(); ++i) ours[i] = bf16_to_f32(e_host[i]);
     Diff d = compare(ours.data(), to_f32(ge).data(), ours.size());
-    fmt::print("| embed_out | {:.3e} | {:.3e} | {:.2f}% | |\n", d.rel_rms, d.max_abs, 100 * d.identical);
+    print("| embed_out | {:.3e} | {:.3e} | {:.2f}% | |\n", d.rel_rms, d.max_abs, 100 * d.identical);
   }
 
   std::vector<uint16_t> stream_in(size_t(T * hc * D));
@@ -247,8 +280,8 @@ void run_layer_check_command(const std::string& model_dir, const std::string& go
       std::vector<float> of(ours.size());
       for (size_t k = 0; k < of.size(); ++k) of[k] = bf16_to_f32(ours[k]);
       Diff d = compare(of.data(), to_f32(it->second).data(), of.size());
-      fmt::print("| layer_out.{} ({}) | {:.3e} | {:.3e} | {:.2f}% | {} |\n", i,
-                 block.ratio == 0 ? "SWA" : block.ratio == 4 ? "CSA" : "HCA", d.rel_rms, d.max_abs, 100 * d.identical, other);
+      print("| layer_out.{} ({}) | {:.3e} | {:.3e} | {:.2f}% | {} |\n", i,
+            block.ratio == 0 ? "SWA" : block.ratio == 4 ? "CSA" : "HCA", d.rel_rms, d.max_abs, 100 * d.identical, other);
     }
   }
 
@@ -262,8 +295,8 @@ void run_layer_check_command(const std::string& model_dir, const std::string& go
   if (g.tensors().count("prefill_logits")) {
     auto gl = to_f32(need(g, "prefill_logits", DType::F32));
     Diff d = compare(head.data(), gl.data(), head.size());
-    fmt::print("| head_logits | {:.3e} | {:.3e} | {:.2f}% | argmax {:.1f}% |\n", d.rel_rms, d.max_abs, 100 * d.identical,
-               100 * argmax_agreement(head.data(), gl.data(), size_t(T), size_t(V)));
+    print("| head_logits | {:.3e} | {:.3e} | {:.2f}% | argmax {:.1f}% |\n", d.rel_rms, d.max_abs, 100 * d.identical,
+          100 * argmax_agreement(head.data(), gl.data(), size_t(T), size_t(V)));
   }
   if (g.tensors().count("mtp_logits") && !model.weights().mtp.empty()) {
     const TensorRef& gm = need(g, "mtp_logits", DType::F32);
@@ -279,10 +312,20 @@ void run_layer_check_command(const std::string& model_dir, const std::string& go
     outs.push_back(make_tensor_out("mtp_logits", DType::F32, {rows, V}, last));
     auto gv = to_f32(gm);
     Diff d = compare(last, gv.data(), size_t(rows * V));
-    fmt::print("| mtp_logits | {:.3e} | {:.3e} | {:.2f}% | argmax {:.1f}% |\n", d.rel_rms, d.max_abs, 100 * d.identical,
-               100 * argmax_agreement(last, gv.data(), size_t(rows), size_t(V)));
+    print("| mtp_logits | {:.3e} | {:.3e} | {:.2f}% | argmax {:.1f}% |\n", d.rel_rms, d.max_abs, 100 * d.identical,
+          100 * argmax_agreement(last, gv.data(), size_t(rows), size_t(V)));
   }
-  write_safetensors(output, outs);
+}
+
+}  // namespace
+
+void run_layer_check_command(const std::string& model_dir, const std::string& golden_path, const std::string& output,
+                             int chunk, const std::string& backend, TensorParallelModel::Options parallel) {
+  auto tp = load_parallel_model(model_dir, backend, parallel);
+  SafetensorsFile g(golden_path);
+  std::vector<std::vector<TensorOut>> outs(size_t(tp->world_size()));
+  tp->on_every_rank([&](int rank) { layer_check_on_rank(tp->rank_model(rank), g, golden_path, chunk, rank == 0, outs[size_t(rank)]); });
+  write_safetensors(output, outs[0]);
 }
 
 }  // namespace dsv4::commands

@@ -138,6 +138,7 @@ void add_model_commands(CLI::App& app) {
     struct Args {
       std::string model, out_dir, backend = "cpu", dump;
       std::vector<std::string> inputs;
+      ParallelOptions parallel;
     };
     auto a = std::make_shared<Args>();
     add_model_option(cmd, a->model);
@@ -145,9 +146,12 @@ void add_model_commands(CLI::App& app) {
     cmd->add_option("--output-dir", a->out_dir, "Where to write <input name> with prefill_logits / decode_logits")->required();
     cmd->add_option("--dump", a->dump, "Write every named intermediate of the prefill step to this safetensors file");
     add_backend_option(cmd, a->backend);
+    add_parallel_options(cmd, a->parallel);
     cmd->callback([a] {
       check_model_dir(a->model);
-      run_logits_command(a->model, a->inputs, a->out_dir, a->backend, a->dump);
+      check_parallel_options(a->model, a->parallel);
+      run_logits_command(a->model, a->inputs, a->out_dir, a->backend, a->dump,
+                         {a->parallel.tensor_parallel_size, a->parallel.expert_parallel});
     });
   }
   {
@@ -155,6 +159,7 @@ void add_model_commands(CLI::App& app) {
     struct Args {
       std::string model, golden, output, backend = "cpu";
       int chunk = 0;
+      ParallelOptions parallel;
     };
     auto a = std::make_shared<Args>();
     add_model_option(cmd, a->model);
@@ -164,9 +169,12 @@ void add_model_commands(CLI::App& app) {
         ->check(integer_in(0, 1 << 24, "0 = the whole prompt"))
         ->capture_default_str();
     add_backend_option(cmd, a->backend);
+    add_parallel_options(cmd, a->parallel);
     cmd->callback([a] {
       check_model_dir(a->model);
-      run_layer_check_command(a->model, a->golden, a->output, a->chunk, a->backend);
+      check_parallel_options(a->model, a->parallel);
+      run_layer_check_command(a->model, a->golden, a->output, a->chunk, a->backend,
+                              {a->parallel.tensor_parallel_size, a->parallel.expert_parallel});
     });
   }
 }

@@ -69,9 +69,15 @@ std::unique_ptr<ThreadPool>& global_pool() {
   static std::unique_ptr<ThreadPool> pool;
   return pool;
 }
+
+thread_local ThreadPool* scoped_pool = nullptr;
 }  // namespace
 
+ThreadPool::Scope::Scope(ThreadPool& pool) : previous_(scoped_pool) { scoped_pool = &pool; }
+ThreadPool::Scope::~Scope() { scoped_pool = previous_; }
+
 ThreadPool& ThreadPool::global() {
+  if (scoped_pool) return *scoped_pool;
   auto& p = global_pool();
   if (!p) p = std::make_unique<ThreadPool>(0);
   return *p;

@@ -19,8 +19,21 @@ class ThreadPool {
   // The split depends only on n and the pool size, never on timing, so results are reproducible.
   void parallel_for(int64_t n, const std::function<void(int64_t, int64_t)>& fn);
 
+  // The pool this thread's parallel_for uses: the process's, or the one a Scope installed on it.
   static ThreadPool& global();
   static void set_global_threads(int threads);
+  // While alive, parallel_for on this thread uses `pool`. A pool runs one caller's job at a time,
+  // so threads that compute at once (the ranks of a tensor-parallel model) each get their own.
+  class Scope {
+   public:
+    explicit Scope(ThreadPool& pool);
+    ~Scope();
+    Scope(const Scope&) = delete;
+    Scope& operator=(const Scope&) = delete;
+
+   private:
+    ThreadPool* previous_;
+  };
 
  private:
   void worker(int index);

@@ -48,9 +48,13 @@ Tensor view(const Tensor& t, std::vector<int64_t> shape) {
 }
 }  // namespace
 
-Dsv4Model::Dsv4Model(std::unique_ptr<ModelWeights> weights, Backend& backend)
-    : weights_(std::move(weights)), backend_(backend) {
+Dsv4Model::Dsv4Model(std::unique_ptr<ModelWeights> weights, Backend& backend, Communicator* comm)
+    : weights_(std::move(weights)), backend_(backend), comm_(comm) {
   const ModelConfig& c = config();
+  const int world = comm ? comm->world_size() : 1;
+  DSV4_CHECK(weights_->layout.world == world && (!comm || weights_->layout.rank == comm->rank()),
+             "weights bound for rank {} of {}, communicator is rank {} of {}", weights_->layout.rank, weights_->layout.world,
+             comm ? comm->rank() : 0, world);
   rope_plain_ = make_rope_table(c, false);
   rope_yarn_ = make_rope_table(c, true);
   for (RopeTable* t : {&rope_plain_, &rope_yarn_})
@@ -414,7 +418,17 @@ Tensor Dsv4Model::run_block(const BlockWeights& block, const Tensor& X, const St
   x = backend_.hc_pre(Xa, block.hc_ffn, c.hc_mult, c.hc_sinkhorn_iters, eps, hc_eps, &post, &comb);
   x = backend_.rms_norm(x, block.ffn_norm, eps);
   Routing r = backend_.route(x, block.moe, plan.tokens, c.n_active_experts, float(c.route_scale));
-  Tensor m = backend_.moe_experts(x, r, block.moe, float(c.swiglu_limit));
+  Tensor m;
+  if (!split()) {
+    m = backend_.moe_experts(x, r, block.moe, float(c.swiglu_limit));
+  } else {
+    // Every rank routes alike and holds a part of each expert's product (tensor parallel) or
+    // whole experts (expert parallel): the f32 per-pair partials are summed over the ranks, then
+    // rounded and combined as the unsplit op does (docs/ARCHITECTURE.md "Tensor parallelism").
+    Tensor partials = backend_.moe_expert_partials(x, r, block.moe, float(c.swiglu_limit));
+    comm_->all_reduce_sum(partials);
+    m = backend_.moe_combine(partials, r);
+  }
   emit("moe_out", l, m);
   Tensor Xf = backend_.hc_post(m, Xa, post, comb);
   emit("hc_post_ffn", l, Xf);
@@ -453,7 +467,7 @@ void Dsv4Model::compress(const CompressorWeights& w, const Tensor& x, const Step
 Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const StepPlan& plan, const LayerPlan& lp) {
   const ModelConfig& c = config();
   const AttentionWeights& w = block.attn;
-  const int l = block.layer, H = c.n_heads, hd = c.head_dim, win = c.window;
+  const int l = block.layer, H = w.n_heads, hd = c.head_dim, win = c.window;  // H: this rank's heads
   const float eps = float(c.norm_eps);
   const RopeTable& rope = block.ratio ? rope_yarn_ : rope_plain_;
   const int64_t T = x.rows();
@@ -517,8 +531,12 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
 
   backend_.rope(o, hd, c.rope_dim, positions, rope, true);  // de-rotate by the query position
   emit("attn_core", l, o);
-  Tensor z = backend_.grouped_out_proj(view(o, {T, int64_t(H) * hd}), w.wo_a, c.o_groups, c.o_lora_rank);
-  return backend_.linear(z, w.wo_b);
+  Tensor z = backend_.grouped_out_proj(view(o, {T, int64_t(H) * hd}), w.wo_a, w.o_groups, c.o_lora_rank);
+  if (!split()) return backend_.linear(z, w.wo_b);
+  // Row-parallel wo_b: the ranks' f32 sums are added, then rounded to bf16 once, as linear rounds.
+  Tensor y = backend_.linear_partial(z, w.wo_b);
+  comm_->all_reduce_sum(y);
+  return backend_.to_bf16(y);
 }
 
 Tensor Dsv4Model::mtp_logits(const Tensor& X, const std::vector<int32_t>& next_tokens, const std::vector<int32_t>& positions) {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/communicator.h"
 #include "model/weights.h"
 #include "model/kv_pool.h"
 #include "model/step_plan.h"
@@ -66,7 +67,10 @@ inline constexpr int kDecodeBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 
 class Dsv4Model {
  public:
-  Dsv4Model(std::unique_ptr<ModelWeights> weights, Backend& backend);
+  // With a communicator of world > 1 this is one rank of a tensor-parallel model
+  // (model/tensor_parallel_model.h): `weights` are the rank's share (weights->layout), and the
+  // forward sums the ranks' partial outputs where a split op ends. Null = the whole model.
+  Dsv4Model(std::unique_ptr<ModelWeights> weights, Backend& backend, Communicator* comm = nullptr);
   ~Dsv4Model();
 
   const ModelConfig& config() const { return weights_->config; }
@@ -128,6 +132,7 @@ class Dsv4Model {
   void compress(const CompressorWeights& w, const Tensor& x, const StepPlan& plan, const LayerPlan& lp, bool index_keys,
                 const RopeTable& rope);
   Tensor embed_streams(const StepPlan& plan);  // [T, hc, D]
+  bool split() const { return comm_ && comm_->world_size() > 1; }
   void emit(const std::string& name, int layer, const Tensor& t) {
     if (dump) dump(name + "-" + std::to_string(layer), t);
   }
@@ -140,6 +145,7 @@ class Dsv4Model {
 
   std::unique_ptr<ModelWeights> weights_;
   Backend& backend_;
+  Communicator* comm_;
   DecodeGraphs graph_mode_ = DecodeGraphs::Off;
   std::map<std::pair<int, int64_t>, std::unique_ptr<DecodeGraph>> graphs_;
   uint64_t graphs_epoch_ = 0;  // the backend's recording epoch the recordings were made under

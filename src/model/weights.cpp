@@ -70,44 +70,95 @@ class TensorBinder {
   Backend* backend() const { return backend_; }
   const std::set<std::string>& used() const { return used_; }
   double bytes() const { return bytes_; }
+  // Host bytes made here (a rank's column slices of a weight): ModelWeights keeps them alive.
+  const uint8_t* keep(std::vector<uint8_t> bytes) {
+    auto v = std::make_shared<std::vector<uint8_t>>(std::move(bytes));
+    kept_.push_back(v);
+    return v->data();
+  }
+  std::vector<std::shared_ptr<void>> take_kept() { return std::move(kept_); }
+  bool release_kept() {
+    const bool any = !kept_.empty();
+    kept_.clear();
+    return any;
+  }
+  // Expert parallelism: the tensors under `prefix` ("layers.3.ffn.experts.7.") are another rank's,
+  // not unused.
+  void owned_elsewhere(std::string prefix) { elsewhere_.insert(std::move(prefix)); }
+  bool is_elsewhere(const std::string& name) const {
+    const size_t at = name.find(".ffn.experts.");
+    if (at == std::string::npos || elsewhere_.empty()) return false;
+    const size_t dot = name.find('.', at + 13);
+    return dot != std::string::npos && elsewhere_.count(name.substr(0, dot + 1));
+  }
 
  private:
   TensorSource& src_;
   Backend* backend_;
   bool copies_ = false;
   double placed_bytes_ = 0, bytes_ = 0;
-  std::set<std::string> used_;
+  std::set<std::string> used_, elsewhere_;
+  std::vector<std::shared_ptr<void>> kept_;
 };
 
 int64_t ceil_div(int64_t a, int64_t b) { return (a + b - 1) / b; }
 
+// A rank's part of one dimension of a weight: [begin, begin + count); count < 0 = all of it.
+struct Span {
+  int begin = 0, count = -1;
+};
+
+// One rank's share of a linear: rows `rows` of its output, columns `cols` of its input (tensor
+// parallelism: an output slice is column-parallel, an input slice row-parallel). Whole rows are
+// views into the source; a column slice is copied (the binder keeps the copy). Scale tensors are
+// sliced with their weights, so a slice must cover whole scale blocks (parallel_layout_problem).
 // Placed: in backend memory; Prepared: the views for Backend::prepare_experts (routed experts);
-// HostRead: host views, converted first (wo_a).
+// HostRead: host views, converted first (wo_a). A slice is cut on the host (its tensors are read
+// there); a whole tensor a generator made in backend memory is used where it is.
 LinearWeight bind_linear(TensorBinder& b, const std::string& prefix, int out, int in, WeightFormat format,
-                         TensorUse use = TensorUse::Placed) {
-  auto data = [&](const TensorRef& t) { return use == TensorUse::Placed ? b.placed(t) : t.data; };
+                         TensorUse use = TensorUse::Placed, Span rows = {}, Span cols = {}) {
+  const int r0 = rows.begin, nr = rows.count < 0 ? out : rows.count;
+  const int c0 = cols.begin, nc = cols.count < 0 ? in : cols.count;
+  // Tensor t stores the matrix with one stored row per `row_div` rows and one stored element (of
+  // `elem_bytes`) per `col_div` columns.
+  const TensorUse read = nr != out || nc != in ? TensorUse::HostRead : use;
+  auto take = [&](const TensorRef& t, int row_div, int col_div, int elem_bytes) {
+    if (t.in_backend) return t.data;  // whole (read == use), made where it lives
+    if (nr != out) DSV4_CHECK(r0 % row_div == 0 && nr % row_div == 0, "{}: rows {}+{} split a block of {}", prefix, r0, nr, row_div);
+    if (nc != in) DSV4_CHECK(c0 % col_div == 0 && nc % col_div == 0, "{}: columns {}+{} split a block of {}", prefix, c0, nc, col_div);
+    const int64_t row_bytes = t.shape.size() == 2 ? t.shape[1] * elem_bytes : 0;
+    const int64_t sr0 = r0 / row_div, snr = (nr + row_div - 1) / row_div;
+    const int64_t sc0 = int64_t(c0 / col_div) * elem_bytes, snc = int64_t((nc + col_div - 1) / col_div) * elem_bytes;
+    const uint8_t* data = t.data + sr0 * row_bytes;
+    if (snc != row_bytes) {
+      std::vector<uint8_t> copy(size_t(snr * snc));
+      for (int64_t r = 0; r < snr; ++r) std::memcpy(copy.data() + r * snc, t.data + (sr0 + r) * row_bytes + sc0, size_t(snc));
+      data = b.keep(std::move(copy));
+    }
+    return use == TensorUse::Placed ? static_cast<const uint8_t*>(b.place(data, size_t(snr * snc))) : data;
+  };
   LinearWeight l;
   l.name = prefix;
   l.format = format;
-  l.out = out;
-  l.in = in;
+  l.out = nr;
+  l.in = nc;
   switch (format) {
     case WeightFormat::BF16:
-      l.w = data(b.get(prefix + ".weight", {DType::BF16}, {out, in}, use));
+      l.w = take(b.get(prefix + ".weight", {DType::BF16}, {out, in}, read), 1, 1, 2);
       break;
     case WeightFormat::FP8_BLOCK:
-      l.w = data(b.get(prefix + ".weight", {DType::F8_E4M3}, {out, in}, use));
-      l.scale = data(b.get(prefix + ".scale", {DType::F8_E8M0}, {ceil_div(out, 128), ceil_div(in, 128)}, use));
+      l.w = take(b.get(prefix + ".weight", {DType::F8_E4M3}, {out, in}, read), 1, 1, 1);
+      l.scale = take(b.get(prefix + ".scale", {DType::F8_E8M0}, {ceil_div(out, 128), ceil_div(in, 128)}, read), 128, 128, 1);
       break;
     case WeightFormat::MXFP4:
       if (in % 32) fail("{}: input width {} is not a multiple of 32 (MXFP4 blocks)", prefix, in);
-      l.w = data(b.get(prefix + ".weight", {DType::I8, DType::U8}, {out, in / 2}, use));
-      l.scale = data(b.get(prefix + ".scale", {DType::F8_E8M0}, {out, in / 32}, use));
+      l.w = take(b.get(prefix + ".weight", {DType::I8, DType::U8}, {out, in / 2}, read), 1, 2, 1);
+      l.scale = take(b.get(prefix + ".scale", {DType::F8_E8M0}, {out, in / 32}, read), 1, 32, 1);
       break;
     case WeightFormat::NVFP4:
       if (in % 16) fail("{}: input width {} is not a multiple of 16 (NVFP4 blocks)", prefix, in);
-      l.w = data(b.get(prefix + ".weight", {DType::U8, DType::I8}, {out, in / 2}, use));
-      l.scale = data(b.get(prefix + ".weight_scale", {DType::F8_E4M3}, {out, in / 16}, use));
+      l.w = take(b.get(prefix + ".weight", {DType::U8, DType::I8}, {out, in / 2}, read), 1, 2, 1);
+      l.scale = take(b.get(prefix + ".weight_scale", {DType::F8_E4M3}, {out, in / 16}, read), 1, 16, 1);
       l.scale2 = b.f32_scalar(prefix + ".weight_scale_2");
       if (b.has(prefix + ".input_scale")) b.f32(prefix + ".input_scale", {});  // static act scale: unused (FP8/bf16 activations)
       break;
@@ -144,7 +195,8 @@ std::vector<uint16_t> wo_a_to_bf16(const LinearWeight& l) {
   return out;
 }
 
-BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig& c, int layer, bool is_mtp) {
+BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig& c, int layer, bool is_mtp,
+                        const ParallelLayout& layout) {
   BlockWeights blk;
   blk.layer = layer;
   blk.ratio = c.compress_ratios[size_t(layer)];
@@ -156,17 +208,26 @@ BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig
   blk.hc_attn = {b.f32(p + ".hc_attn_fn", {mix, hc * D}), b.f32(p + ".hc_attn_base", {mix}), b.f32(p + ".hc_attn_scale", {3})};
   blk.hc_ffn = {b.f32(p + ".hc_ffn_fn", {mix, hc * D}), b.f32(p + ".hc_ffn_base", {mix}), b.f32(p + ".hc_ffn_scale", {3})};
 
+  // Tensor parallelism (parallel_layout.h): this rank's heads and output groups; wq_b's rows, the
+  // sinks and wo_a's groups follow them, wo_b takes the matching inputs (row-parallel: the model
+  // sums the ranks' partial outputs). The KV path, compressors and indexer are replicated.
+  const int rank = layout.rank, world = layout.world;
   AttentionWeights& a = blk.attn;
-  a.sink = b.f32(p + ".attn.attn_sink", {H});
+  a.n_heads = H / world;
+  a.o_groups = c.o_groups / world;
+  const int group_rows = a.o_groups * c.o_lora_rank;
+  const TensorRef& sink = b.get(p + ".attn.attn_sink", {DType::F32}, {H}, TensorUse::HostRead);
+  a.sink = static_cast<const float*>(b.place(sink.as<float>() + rank * a.n_heads, size_t(a.n_heads) * 4));
   a.wq_a = bind_linear(b, p + ".attn.wq_a", c.q_lora_rank, D, lf);
   a.q_norm = b.bf16(p + ".attn.q_norm.weight", {c.q_lora_rank});
-  a.wq_b = bind_linear(b, p + ".attn.wq_b", H * hd, c.q_lora_rank, lf);
+  a.wq_b = bind_linear(b, p + ".attn.wq_b", H * hd, c.q_lora_rank, lf, TensorUse::Placed, {rank * a.n_heads * hd, a.n_heads * hd});
   a.wkv = bind_linear(b, p + ".attn.wkv", hd, D, lf);
   a.kv_norm = b.bf16(p + ".attn.kv_norm.weight", {hd});
-  a.wo_a_host = std::make_shared<std::vector<uint16_t>>(
-      wo_a_to_bf16(bind_linear(b, p + ".attn.wo_a", c.o_groups * c.o_lora_rank, H * hd / c.o_groups, lf, TensorUse::HostRead)));
+  a.wo_a_host = std::make_shared<std::vector<uint16_t>>(wo_a_to_bf16(bind_linear(
+      b, p + ".attn.wo_a", c.o_groups * c.o_lora_rank, H * hd / c.o_groups, lf, TensorUse::HostRead,
+      {rank * group_rows, group_rows})));
   a.wo_a = static_cast<const uint16_t*>(b.place(a.wo_a_host->data(), a.wo_a_host->size() * 2));
-  a.wo_b = bind_linear(b, p + ".attn.wo_b", D, c.o_groups * c.o_lora_rank, lf);
+  a.wo_b = bind_linear(b, p + ".attn.wo_b", D, c.o_groups * c.o_lora_rank, lf, TensorUse::Placed, {}, {rank * group_rows, group_rows});
   if (blk.ratio) a.compressor = bind_compressor(b, p + ".attn.compressor", c, blk.ratio, hd, false);
   if (blk.ratio == 4) {
     a.indexer.wq_b = bind_linear(b, p + ".attn.indexer.wq_b", c.index_n_heads * c.index_head_dim, c.q_lora_rank, lf);
@@ -176,6 +237,13 @@ BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig
 
   MoeWeights& m = blk.moe;
   const int E = c.n_routed_experts, I = c.moe_inter_dim;
+  // Experts split by intermediate dimension (w1 / w3 rows, w2 inputs), or whole experts by rank.
+  const Span inter{rank * (I / world), I / world};
+  const bool by_expert = layout.expert_parallel && layout.split();
+  const int e_begin = by_expert ? rank * (E / world) : 0, e_end = by_expert ? e_begin + E / world : E;
+  const Span expert_rows = by_expert ? Span{} : inter;
+  m.n_routed = E;
+  m.expert_begin = e_begin;
   m.gate = b.bf16(p + ".ffn.gate.weight", {E, D});
   if (blk.hash_routed) {
     const TensorRef& t = b.get(p + ".ffn.gate.tid2eid", {DType::I32, DType::I64}, {c.vocab_size, c.n_active_experts},
@@ -192,12 +260,16 @@ BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig
     m.bias = b.f32(p + ".ffn.gate.bias", {E});
   }
   const WeightFormat ef = c.expert_format[size_t(layer)];
-  m.experts.resize(size_t(E));
+  m.experts.resize(size_t(e_end - e_begin));
   for (int e = 0; e < E; ++e) {
     std::string ep = fmt::format("{}.ffn.experts.{}", p, e);
-    m.experts[size_t(e)] = {bind_linear(b, ep + ".w1", I, D, ef, TensorUse::Prepared),
-                            bind_linear(b, ep + ".w2", D, I, ef, TensorUse::Prepared),
-                            bind_linear(b, ep + ".w3", I, D, ef, TensorUse::Prepared)};
+    if (e < e_begin || e >= e_end) {
+      b.owned_elsewhere(ep + ".");
+      continue;
+    }
+    m.experts[size_t(e - e_begin)] = {bind_linear(b, ep + ".w1", I, D, ef, TensorUse::Prepared, expert_rows),
+                                      bind_linear(b, ep + ".w2", D, I, ef, TensorUse::Prepared, {}, expert_rows),
+                                      bind_linear(b, ep + ".w3", I, D, ef, TensorUse::Prepared, expert_rows)};
   }
   if (b.backend()) {
     b.backend()->prepare_experts(m, float(c.swiglu_limit));
@@ -207,8 +279,15 @@ BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig
         for (LinearWeight* l : {&e.w1, &e.w2, &e.w3}) l->w = l->scale = nullptr;
     }
   }
-  m.shared = {bind_linear(b, p + ".ffn.shared_experts.w1", I, D, lf), bind_linear(b, p + ".ffn.shared_experts.w2", D, I, lf),
-              bind_linear(b, p + ".ffn.shared_experts.w3", I, D, lf)};
+  m.shared = {bind_linear(b, p + ".ffn.shared_experts.w1", I, D, lf, TensorUse::Placed, inter),
+              bind_linear(b, p + ".ffn.shared_experts.w2", D, I, lf, TensorUse::Placed, {}, inter),
+              bind_linear(b, p + ".ffn.shared_experts.w3", I, D, lf, TensorUse::Placed, inter)};
+  // A backend with its own copies (placed, experts prepared) no longer needs this layer's host
+  // slices: on a GPU the routed experts' w2 slices alone would keep 1/N of them in host memory.
+  if (b.copies() && b.release_kept()) {
+    for (auto& e : m.experts)
+      for (LinearWeight* l : {&e.w1, &e.w2, &e.w3}) l->w = l->scale = nullptr;
+  }
   return blk;
 }
 
@@ -229,22 +308,27 @@ class CheckpointSource final : public TensorSource {
 };
 }  // namespace
 
-std::unique_ptr<ModelWeights> load_model_weights(const std::string& dir, Backend* backend) {
+std::unique_ptr<ModelWeights> load_model_weights(const std::string& dir, Backend* backend, const ParallelLayout& layout) {
   if (dir.rfind("synthetic:", 0) == 0) {
     std::shared_ptr<SyntheticSource> src = make_synthetic_source(dir, backend);
-    auto w = bind_model_weights(src->config(), *src, backend, nullptr);
+    auto w = bind_model_weights(src->config(), *src, backend, nullptr, layout);
     w->source = src;
     return w;
   }
   auto ckpt = std::make_shared<Checkpoint>(dir);
   CheckpointSource src(*ckpt);
-  return bind_model_weights(load_model_config(dir), src, backend, ckpt);
+  return bind_model_weights(load_model_config(dir), src, backend, ckpt, layout);
 }
 
 std::unique_ptr<ModelWeights> bind_model_weights(const ModelConfig& config, TensorSource& src, Backend* backend,
-                                                 std::shared_ptr<Checkpoint> checkpoint) {
+                                                 std::shared_ptr<Checkpoint> checkpoint, const ParallelLayout& layout) {
+  if (const std::string why = parallel_layout_problem(config, layout.world, layout.expert_parallel); !why.empty())
+    fail("{}: {}", src.where(), why);
+  DSV4_CHECK(layout.rank >= 0 && layout.rank < layout.world, "rank {} outside a tensor-parallel group of {}", layout.rank,
+             layout.world);
   auto mw = std::make_unique<ModelWeights>();
   mw->config = config;
+  mw->layout = layout;
   const ModelConfig& c = mw->config;
   mw->checkpoint = std::move(checkpoint);
   TensorBinder b(src, backend);
@@ -257,18 +341,18 @@ std::unique_ptr<ModelWeights> bind_model_weights(const ModelConfig& config, Tens
   const int total = c.n_layers + c.n_mtp_layers;
   for (int l = 0; l < c.n_layers; ++l) {
     const double before = b.bytes();
-    mw->blocks.push_back(bind_block(b, fmt::format("layers.{}", l), c, l, false));
+    mw->blocks.push_back(bind_block(b, fmt::format("layers.{}", l), c, l, false, layout));
     mw->block_bytes.push_back(b.bytes() - before);
     const LinearWeight& w1 = mw->blocks.back().moe.experts.front().w1;
     const double per32 = w1.format == WeightFormat::NVFP4 ? 2 : w1.format == WeightFormat::MXFP4 ? 1 : 0;
     const double w_bytes = w1.format == WeightFormat::BF16 ? 2.0 : w1.format == WeightFormat::FP8_BLOCK ? 1.0 : 0.5;
     mw->expert_bytes.push_back(3.0 * double(c.moe_inter_dim) * double(c.dim) * (w_bytes + per32 / 32));
-    progress.update(l + 1, total, b.placed_bytes());
+    if (layout.rank == 0) progress.update(l + 1, total, b.placed_bytes());  // one bar for all ranks
   }
   for (int m = 0; m < c.n_mtp_layers; ++m) {
     std::string p = fmt::format("mtp.{}", m);
     MtpWeights w;
-    w.block = bind_block(b, p, c, c.n_layers + m, true);
+    w.block = bind_block(b, p, c, c.n_layers + m, true, layout);
     w.e_proj = bind_linear(b, p + ".e_proj", D, D, c.linear_format);
     w.h_proj = bind_linear(b, p + ".h_proj", D, D, c.linear_format);
     w.enorm = b.bf16(p + ".enorm.weight", {D});
@@ -276,14 +360,15 @@ std::unique_ptr<ModelWeights> bind_model_weights(const ModelConfig& config, Tens
     w.norm = b.bf16(p + ".norm.weight", {D});
     w.hc_head = {b.f32(p + ".hc_head_fn", {hc, hc * D}), b.f32(p + ".hc_head_base", {hc}), b.f32(p + ".hc_head_scale", {1})};
     mw->mtp.push_back(std::move(w));
-    progress.update(c.n_layers + m + 1, total, b.placed_bytes());
+    if (layout.rank == 0) progress.update(c.n_layers + m + 1, total, b.placed_bytes());
   }
-  progress.done();
+  if (layout.rank == 0) progress.done();
   mw->tensors_bound = b.used().size();
   mw->bytes_bound = b.bytes();
+  mw->shard_copies = b.take_kept();
   if (!mw->checkpoint) return mw;
   for (auto& [name, t] : mw->checkpoint->tensors()) {
-    if (b.used().count(name)) continue;
+    if (b.used().count(name) || b.is_elsewhere(name)) continue;
     // The MTP block's copies of the shared embedding and head (the reference's convert drops them).
     if (name.find(".emb.tok_emb.weight") != std::string::npos || (name.rfind("mtp.", 0) == 0 && name.find(".head.weight") != std::string::npos))
       continue;

@@ -10,6 +10,7 @@
 #include "checkpoint/model_config.h"
 #include "checkpoint/safetensors.h"
 #include "backend/backend.h"
+#include "model/parallel_layout.h"
 
 namespace dsv4 {
 
@@ -35,8 +36,10 @@ struct MtpWeights {
 
 struct ModelWeights {
   ModelConfig config;
+  ParallelLayout layout;                   // this rank's share of the model (all of it when world = 1)
   std::shared_ptr<Checkpoint> checkpoint;  // keeps the mappings alive
   std::shared_ptr<void> source;            // keeps a generated model's host bytes alive (where they are the weights)
+  std::vector<std::shared_ptr<void>> shard_copies;  // a rank's column slices (host copies the structs may point into)
   const uint16_t* embed = nullptr;         // bf16 [V, D]
   const uint16_t* head = nullptr;          // bf16 [V, D]
   const uint16_t* norm = nullptr;
@@ -74,9 +77,12 @@ class TensorSource {
 // backend, the weights are placed in its memory as they are bound and the routed experts prepared
 // (the structs then point into backend memory); without one they are views into the mapping.
 // DIR "synthetic:NAME[,key=value...]" is a random-weight model of that shape (model/synthetic.h).
-std::unique_ptr<ModelWeights> load_model_weights(const std::string& dir, Backend* backend = nullptr);
+// With a split `layout`, only this rank's share of the sharded tensors is bound and placed
+// (parallel_layout.h; the layout must fit the config: parallel_layout_problem).
+std::unique_ptr<ModelWeights> load_model_weights(const std::string& dir, Backend* backend = nullptr,
+                                                 const ParallelLayout& layout = {});
 // The binding itself, from any source.
 std::unique_ptr<ModelWeights> bind_model_weights(const ModelConfig& config, TensorSource& src, Backend* backend,
-                                                 std::shared_ptr<Checkpoint> checkpoint);
+                                                 std::shared_ptr<Checkpoint> checkpoint, const ParallelLayout& layout = {});
 
 }  // namespace dsv4

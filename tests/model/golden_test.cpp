@@ -1,9 +1,10 @@
 // Golden tests (tests/data/golden/README.md of each fixture says how they were made): per layer
 // teacher-forced, head and MTP on the golden final streams, indexer sets, end-to-end statistics,
-// batch invariance — all through the real loader and the dsv4 commands. Built twice: golden_test on
-// the CPU backend, golden_gpu_test (DSV4_GOLDEN_BACKEND = "cuda") with the same thresholds on the
-// CUDA backend, where every MoE path the dispatcher can take is run and run-to-run determinism is
-// checked instead of batch invariance.
+// batch invariance — all through the real loader and the dsv4 commands. Built three times:
+// golden_test on the CPU backend, golden_tp_test (DSV4_GOLDEN_TP) on the CPU backend with the model
+// split over two ranks (tensor parallel, and expert parallel), golden_gpu_test (DSV4_GOLDEN_BACKEND
+// = "cuda") with the same thresholds on the CUDA backend, where every MoE path the dispatcher can
+// take is run and run-to-run determinism is checked instead of batch invariance.
 #include <gtest/gtest.h>
 
 #include <cstdio>
@@ -36,9 +37,14 @@ std::string assemble_nvfp4() {
   return dir;
 }
 
+// golden_tp_test (DSV4_GOLDEN_TP) runs these checks with the model split over two ranks, its
+// routed experts by intermediate dimension or by expert, against the same thresholds.
+const std::string kTp2 = " --tensor-parallel-size 2", kTp2Ep = " --tensor-parallel-size 2 --expert-parallel";
+
 struct LayerCheckCase {
   std::string name, model;
   int chunk;
+  std::string parallel;  // extra options: a tensor-parallel split
 };
 
 void PrintTo(const LayerCheckCase& c, std::ostream* os) { *os << c.name; }
@@ -52,7 +58,7 @@ TEST_P(LayerCheck, MatchesGoldenPerLayer) {
   std::string out = dir + "/out.safetensors";
   std::string args = "layer-check --model " + model + " --golden " + kGolden + " --output " + out;
   if (p.chunk) args += " --chunk " + std::to_string(p.chunk);
-  CommandResult run = run_dsv4(args + " --backend " + kBackend);
+  CommandResult run = run_dsv4(args + " --backend " + kBackend + p.parallel);
   ASSERT_EQ(run.rc, 0) << run.out;
   const std::string& text = run.out;
   std::printf("%s\n", text.c_str());
@@ -104,17 +110,27 @@ TEST_P(LayerCheck, MatchesGoldenPerLayer) {
   EXPECT_LT(mtp.rel_rms, 0.06);
 }
 
+#if defined(DSV4_GOLDEN_TP)
+INSTANTIATE_TEST_SUITE_P(TinyA, LayerCheck,
+                         ::testing::Values(LayerCheckCase{"mxfp4_whole_tp2", "mxfp4", 0, kTp2},
+                                           LayerCheckCase{"mxfp4_whole_tp2_ep", "mxfp4", 0, kTp2Ep},
+                                           LayerCheckCase{"mxfp4_chunk7_tp2", "mxfp4", 7, kTp2},
+                                           LayerCheckCase{"nvfp4_whole_tp2", "nvfp4", 0, kTp2},
+                                           LayerCheckCase{"nvfp4_whole_tp2_ep", "nvfp4", 0, kTp2Ep}),
+                         [](const auto& info) { return info.param.name; });
+#else
 INSTANTIATE_TEST_SUITE_P(TinyA, LayerCheck,
                          ::testing::Values(LayerCheckCase{"mxfp4_whole", "mxfp4", 0}, LayerCheckCase{"mxfp4_chunk7", "mxfp4", 7},
                                            LayerCheckCase{"mxfp4_chunk1", "mxfp4", 1},
                                            LayerCheckCase{"nvfp4_whole", "nvfp4", 0}, LayerCheckCase{"nvfp4_chunk7", "nvfp4", 7},
                                            LayerCheckCase{"nvfp4_chunk1", "nvfp4", 1}),
                          [](const auto& info) { return info.param.name; });
+#endif
 
-void check_end_to_end(const std::string& model, const std::string& tag) {
+void check_end_to_end(const std::string& model, const std::string& tag, const std::string& parallel = "") {
   std::string dir = fresh_dir("e2e_" + tag);
-  CommandResult run =
-      run_dsv4("logits --model " + model + " --input " + kGolden + " --output-dir " + dir + " --backend " + kBackend);
+  CommandResult run = run_dsv4("logits --model " + model + " --input " + kGolden + " --output-dir " + dir + " --backend " +
+                               kBackend + parallel);
   ASSERT_EQ(run.rc, 0) << run.out;
   SafetensorsFile ours(dir + "/golden.safetensors"), gold(kGolden);
   for (std::string name : {"prefill_logits", "decode_logits"}) {
@@ -128,8 +144,15 @@ void check_end_to_end(const std::string& model, const std::string& tag) {
   }
 }
 
+#if defined(DSV4_GOLDEN_TP)
+TEST(EndToEnd, TinyAMxfp4Tp2) { check_end_to_end(kTinyA, "mxfp4_tp2", kTp2); }
+TEST(EndToEnd, TinyAMxfp4Tp2Ep) { check_end_to_end(kTinyA, "mxfp4_tp2_ep", kTp2Ep); }
+TEST(EndToEnd, TinyANvfp4Tp2) { check_end_to_end(assemble_nvfp4(), "nvfp4_tp2", kTp2); }
+TEST(EndToEnd, TinyANvfp4Tp2Ep) { check_end_to_end(assemble_nvfp4(), "nvfp4_tp2_ep", kTp2Ep); }
+#else
 TEST(EndToEnd, TinyAMxfp4) { check_end_to_end(kTinyA, "mxfp4"); }
 TEST(EndToEnd, TinyANvfp4) { check_end_to_end(assemble_nvfp4(), "nvfp4"); }
+#endif
 
 #if defined(DSV4_GOLDEN_GPU)
 // The MoE dispatcher picks W4A8 (MXFP4 on sm_90a) for the prompt's many pairs and W4A16 decode for
@@ -241,10 +264,15 @@ TEST(BatchInvariance, LogitsBitIdentical) {
   };
   std::string a = write_input("a.safetensors", 150, 12, 1), b = write_input("b.safetensors", 37, 20, 2),
               c = write_input("c.safetensors", 260, 3, 3);
-  CommandResult run = run_dsv4("logits --model " + kTinyA + " --input " + a + " --output-dir " + dir + "/alone");
+#if defined(DSV4_GOLDEN_TP)
+  const std::string parallel = kTp2Ep;  // the split ops are row-wise too: a row's sums do not depend on the batch
+#else
+  const std::string parallel;
+#endif
+  CommandResult run = run_dsv4("logits --model " + kTinyA + " --input " + a + " --output-dir " + dir + "/alone" + parallel);
   ASSERT_EQ(run.rc, 0) << run.out;
   run = run_dsv4("logits --model " + kTinyA + " --input " + b + " --input " + a + " --input " + c + " --output-dir " + dir +
-                 "/batched");
+                 "/batched" + parallel);
   ASSERT_EQ(run.rc, 0) << run.out;
   SafetensorsFile alone(dir + "/alone/a.safetensors"), batched(dir + "/batched/a.safetensors");
   for (std::string name : {"prefill_logits", "decode_logits"}) {
@@ -321,7 +349,7 @@ TEST(DecodeGraphs, PaddedStepsMatchExactSteps) { check_decode_graphs(DecodeGraph
 }  // namespace
 }  // namespace dsv4::test
 
-#ifndef DSV4_GOLDEN_GPU  // the CPU backend in-process: batch invariance across chunking
+#if !defined(DSV4_GOLDEN_GPU) && !defined(DSV4_GOLDEN_TP)  // the CPU backend in-process: batch invariance across chunking
 namespace dsv4::test {
 namespace {
 

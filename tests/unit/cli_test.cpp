@@ -79,6 +79,22 @@ TEST(Cli, ThreadsMustBeBetweenOneAndTheCores) {
   expect_result(dsv4("--threads 1" + inspect), 0, {"layers: 5"});
 }
 
+TEST(Cli, TensorParallelSizeMustSplitTheModel) {
+  const std::string lc = "layer-check --model " + kModel + " --golden " + kModel + "/golden.safetensors --output " +
+                         test::fresh_dir("cli_tp") + "/out.safetensors";
+  expect_result(dsv4("layer-check --help"), 0, {"--tensor-parallel-size INT:1 to 256=1", "--expert-parallel"});
+  expect_result(dsv4(lc + " --tensor-parallel-size 0"), 2,
+                {"error: --tensor-parallel-size: expected an integer from 1 to 256 (1 = not split), got '0'", "see 'dsv4 layer-check --help'"});
+  // tiny-a: 4 heads, 2 output groups, 8 experts of intermediate size 256.
+  expect_result(dsv4(lc + " --tensor-parallel-size 3"), 2,
+                {"error: --tensor-parallel-size 3: tensor-parallel size 3 does not divide the model's 4 attention heads"});
+  expect_result(dsv4(lc + " --tensor-parallel-size 4"), 2, {"does not divide the model's 2 output groups (o_groups)"});
+  expect_result(dsv4(lc + " --expert-parallel"), 2, {"error: --expert-parallel splits the experts over ranks: give --tensor-parallel-size N > 1"});
+  expect_result(dsv4("logits --model " + kModel + " --input x --output-dir y --tensor-parallel-size 3"), 2,
+                {"does not divide the model's 4 attention heads", "see 'dsv4 logits --help'"});
+  expect_result(dsv4(lc + " --tensor-parallel-size 2 --backend cuda"), 1, {"error: --backend cuda: "});
+}
+
 TEST(Cli, ErrorsNameTheRealProblem) {
   // A missing model directory is named as such, before anything about a tokenizer.
   expect_result(dsv4("generate --model /nonexistent/model --prompt hello"), 1, {"error: --model /nonexistent/model: no such directory"});

@@ -56,6 +56,10 @@ class CpuBackend final : public Backend {
   Routing route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) override;
   Tensor moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override;
 
+  Tensor linear_partial(const Tensor& x, const LinearWeight& w) override;
+  Tensor moe_expert_partials(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override;
+  Tensor moe_combine(const Tensor& partials, const Routing& r) override;
+
   Tensor logits(const Tensor& h, const uint16_t* head, int vocab) override;
   Tensor sample(const Tensor& logits, const Tensor& params, const Tensor& counters) override;
   void apply_penalties(Tensor& logits, const Tensor& params, const Tensor& rows, const Tensor& ids,

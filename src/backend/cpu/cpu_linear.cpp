@@ -69,16 +69,13 @@ void load_weight_row(const LinearWeight& w, int n, WeightRow& row) {
   }
 }
 
-}  // namespace
-
-Tensor CpuBackend::linear(const Tensor& x, const LinearWeight& w) {
+// x·Wᵀ for an FP8 weight: each output's f32 accumulation of its scaled block partials, handed to
+// `store(row, n, acc)` (the bf16 rounding of linear, or none for linear_partial).
+template <typename Store>
+void fp8_block_linear(const Tensor& x, const LinearWeight& w, Store&& store) {
   const int64_t rows = x.rows();
-  DSV4_CHECK(x.numel() == rows * w.in, "linear {}: input has {} values per row, weight expects {}", w.name,
-             x.numel() / std::max<int64_t>(rows, 1), w.in);
-  if (w.format == WeightFormat::BF16) return linear_bf16(x, reinterpret_cast<const uint16_t*>(w.w), w.out, w.in);
   const int K = w.in, N = w.out;
   QuantizedActivations qa = quantize_rows(x, K);
-  Tensor out = alloc(DType::BF16, {rows, N});
   parallel_for(N, [&](int64_t n0, int64_t n1) {
     WeightRow wr;
     for (int64_t n = n0; n < n1; ++n) {
@@ -94,10 +91,36 @@ Tensor CpuBackend::linear(const Tensor& x, const LinearWeight& w) {
           float s = xs[(b * blk) / 128] * wr.scale[size_t(b)];
           acc += float(partial) * s;
         }
-        out.ptr<uint16_t>()[r * N + n] = f32_to_bf16(acc);
+        store(r, n, acc);
       }
     }
   });
+}
+
+void check_linear_input(const Tensor& x, const LinearWeight& w) {
+  const int64_t rows = x.rows();
+  DSV4_CHECK(x.numel() == rows * w.in, "linear {}: input has {} values per row, weight expects {}", w.name,
+             x.numel() / std::max<int64_t>(rows, 1), w.in);
+}
+
+}  // namespace
+
+Tensor CpuBackend::linear(const Tensor& x, const LinearWeight& w) {
+  check_linear_input(x, w);
+  if (w.format == WeightFormat::BF16) return linear_bf16(x, reinterpret_cast<const uint16_t*>(w.w), w.out, w.in);
+  Tensor out = alloc(DType::BF16, {x.rows(), w.out});
+  uint16_t* o = out.ptr<uint16_t>();
+  fp8_block_linear(x, w, [&, N = int64_t(w.out)](int64_t r, int64_t n, float acc) { o[r * N + n] = f32_to_bf16(acc); });
+  return out;
+}
+
+Tensor CpuBackend::linear_partial(const Tensor& x, const LinearWeight& w) {
+  // The same sums as linear, before its one rounding: a row-parallel shard's part of it.
+  check_linear_input(x, w);
+  if (w.format == WeightFormat::BF16) return linear_f32(x, reinterpret_cast<const uint16_t*>(w.w), w.out, w.in);
+  Tensor out = alloc(DType::F32, {x.rows(), w.out});
+  float* o = out.ptr<float>();
+  fp8_block_linear(x, w, [&, N = int64_t(w.out)](int64_t r, int64_t n, float acc) { o[r * N + n] = acc; });
   return out;
 }
 

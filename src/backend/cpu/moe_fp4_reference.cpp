@@ -114,17 +114,16 @@ std::vector<float> dequantize_fp4_matrix(MoeFp4Format format, const uint8_t* pac
   return w;
 }
 
-void moe_fp4_reference(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertTensors>& experts,
-                       const uint16_t* x, int tokens, const int32_t* topk_ids, const float* topk_weights, int k,
-                       const uint16_t* shared_or_null, uint16_t* out, MoeActivationNumerics numerics,
-                       MoeHiddenTap hidden) {
+namespace {
+
+// The experts the pairs touch, split once (ids outside [0, experts) are skipped).
+std::map<int, ExpertMatrices> split_used_experts(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertTensors>& experts,
+                                                 const int32_t* topk_ids, int pairs, MoeActivationNumerics numerics) {
   const int D = shape.hidden, I = shape.inter, E = shape.experts;
   if (int(experts.size()) != E) fail("moe_fp4_reference: {} expert tensors for {} experts", experts.size(), E);
   if (D % 128 || I % 128) fail("moe_fp4_reference: hidden {} and inter {} must be multiples of 128", D, I);
-
-  // Split only the experts this call touches.
   std::map<int, ExpertMatrices> used;
-  for (int p = 0; p < tokens * k; ++p) {
+  for (int p = 0; p < pairs; ++p) {
     int e = topk_ids[p];
     if (e < 0 || e >= E || used.count(e)) continue;
     const MoeFp4ExpertTensors& t = experts[e];
@@ -132,7 +131,38 @@ void moe_fp4_reference(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertT
                              split_matrix(shape.format, t.w3, t.w3_scale, t.w3_scale_2, I, D, numerics),
                              split_matrix(shape.format, t.w2, t.w2_scale, t.w2_scale_2, D, I, numerics)};
   }
-  const float limit = shape.swiglu_limit;
+  return used;
+}
+
+// w2's f32 output for one pair (before its bf16 rounding) into y; h receives (or, with
+// hidden_in, supplies) the w2 input: the clamped SwiGLU times the routing weight, bf16-valued.
+void pair_output(const ExpertMatrices& m, const std::vector<float>& xf, float weight, float limit, MoeActivationNumerics numerics,
+                 const uint16_t* hidden_in, std::vector<float>& g, std::vector<float>& u, std::vector<float>& h,
+                 std::vector<float>& y) {
+  const int I = m.w1.rows;
+  if (hidden_in) {
+    for (int i = 0; i < I; ++i) h[i] = bf16_to_f32(hidden_in[i]);
+  } else {
+    fp4_linear(m.w1, xf, numerics, g);
+    fp4_linear(m.w3, xf, numerics, u);
+    for (int i = 0; i < I; ++i) {
+      float gi = std::min(round_bf16(g[i]), limit);
+      float ui = std::clamp(round_bf16(u[i]), -limit, limit);
+      float silu = gi / (1.f + std::exp(-gi));
+      h[i] = round_bf16(silu * ui * weight);
+    }
+  }
+  fp4_linear(m.w2, h, numerics, y);
+}
+
+}  // namespace
+
+void moe_fp4_reference(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertTensors>& experts,
+                       const uint16_t* x, int tokens, const int32_t* topk_ids, const float* topk_weights, int k,
+                       const uint16_t* shared_or_null, uint16_t* out, MoeActivationNumerics numerics,
+                       MoeHiddenTap hidden) {
+  const int D = shape.hidden, I = shape.inter, E = shape.experts;
+  const std::map<int, ExpertMatrices> used = split_used_experts(shape, experts, topk_ids, tokens * k, numerics);
   parallel_for(tokens, [&](int64_t begin, int64_t end) {
     std::vector<float> xf(D), g, u, h(I), y, sum(D);
     for (int64_t t = begin; t < end; ++t) {
@@ -146,29 +176,35 @@ void moe_fp4_reference(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertT
       for (int j : order) {
         int e = topk_ids[t * k + j];
         if (e < 0 || e >= E) continue;
-        const ExpertMatrices& m = used.at(e);
         const size_t row = (size_t(t) * k + j) * I;
-        if (hidden.in) {
-          for (int i = 0; i < I; ++i) h[i] = bf16_to_f32(hidden.in[row + i]);
-        } else {
-          fp4_linear(m.w1, xf, numerics, g);
-          fp4_linear(m.w3, xf, numerics, u);
-          const float w = topk_weights[t * k + j];
-          for (int i = 0; i < I; ++i) {
-            float gi = std::min(round_bf16(g[i]), limit);
-            float ui = std::clamp(round_bf16(u[i]), -limit, limit);
-            float silu = gi / (1.f + std::exp(-gi));
-            h[i] = round_bf16(silu * ui * w);
-          }
-        }
+        pair_output(used.at(e), xf, topk_weights[t * k + j], shape.swiglu_limit, numerics, hidden.in ? hidden.in + row : nullptr,
+                    g, u, h, y);
         if (hidden.out)
           for (int i = 0; i < I; ++i) hidden.out[row + i] = f32_to_bf16(h[i]);
-        fp4_linear(m.w2, h, numerics, y);
         for (int c = 0; c < D; ++c) sum[c] += round_bf16(y[c]);
       }
       for (int c = 0; c < D; ++c) {
         float s = sum[c] + (shared_or_null ? bf16_to_f32(shared_or_null[t * D + c]) : 0.f);
         out[t * D + c] = f32_to_bf16(s);
+      }
+    }
+  });
+}
+
+void moe_fp4_pair_outputs(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertTensors>& experts, const uint16_t* x,
+                          int tokens, const int32_t* topk_ids, const float* topk_weights, int k, float* out,
+                          int64_t token_stride, MoeActivationNumerics numerics) {
+  const int D = shape.hidden, I = shape.inter, E = shape.experts;
+  const std::map<int, ExpertMatrices> used = split_used_experts(shape, experts, topk_ids, tokens * k, numerics);
+  parallel_for(tokens, [&](int64_t begin, int64_t end) {
+    std::vector<float> xf(D), g, u, h(I), y;
+    for (int64_t t = begin; t < end; ++t) {
+      for (int c = 0; c < D; ++c) xf[c] = bf16_to_f32(x[t * D + c]);
+      for (int j = 0; j < k; ++j) {
+        int e = topk_ids[t * k + j];
+        if (e < 0 || e >= E) continue;
+        pair_output(used.at(e), xf, topk_weights[t * k + j], shape.swiglu_limit, numerics, nullptr, g, u, h, y);
+        std::copy(y.begin(), y.end(), out + t * token_stride + int64_t(j) * D);
       }
     }
   });

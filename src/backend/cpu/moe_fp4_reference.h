@@ -67,5 +67,12 @@ void moe_fp4_reference(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertT
                        const uint16_t* shared_or_null, uint16_t* out, MoeActivationNumerics numerics,
                        MoeHiddenTap hidden = {});
 
+// The same experts' w2 outputs per pair before their bf16 rounding (a tensor-parallel rank's
+// partial when the experts hold a slice of the intermediate dimension): pair (t, j)'s f32 [hidden]
+// goes to out + t·token_stride + j·hidden; pairs without an expert in [0, experts) are left alone.
+void moe_fp4_pair_outputs(const MoeFp4Shape& shape, const std::vector<MoeFp4ExpertTensors>& experts, const uint16_t* x,
+                          int tokens, const int32_t* topk_ids, const float* topk_weights, int k, float* out,
+                          int64_t token_stride, MoeActivationNumerics numerics);
+
 }  // namespace cpu
 }  // namespace dsv4

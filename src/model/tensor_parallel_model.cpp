@@ -1,0 +1,135 @@
+#include "model/tensor_parallel_model.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace dsv4 {
+
+TensorParallelModel::TensorParallelModel(const std::string& dir, const std::string& backend_name, Options options)
+    : options_(options) {
+  DSV4_CHECK(options.world >= 1, "tensor-parallel size {} (at least 1)", options.world);
+  for (int r = 0; r < options.world; ++r) ranks_.push_back(std::make_unique<Rank>());
+  if (options.world == 1) {
+    ranks_[0]->backend = make_backend(backend_name);
+    ranks_[0]->model = std::make_unique<Dsv4Model>(load_model_weights(dir, ranks_[0]->backend.get()), *ranks_[0]->backend);
+    return;
+  }
+  group_ = make_communicator_group(backend_name, options.world);
+  // The process's CPU workers, divided among the ranks (a pool serves one caller at a time).
+  const int workers = std::max(1, ThreadPool::global().size() / options.world);
+  for (int r = 0; r < options.world; ++r) {
+    ranks_[size_t(r)]->pool = std::make_unique<ThreadPool>(workers);
+    ranks_[size_t(r)]->thread = std::thread([this, r] { rank_loop(r); });
+  }
+  try {
+    on_every_rank([&](int r) {
+      Rank& rank = *ranks_[size_t(r)];
+      rank.backend = make_backend(backend_name);
+      const ParallelLayout layout{r, options.world, options.expert_parallel};
+      rank.model = std::make_unique<Dsv4Model>(load_model_weights(dir, rank.backend.get(), layout), *rank.backend,
+                                               group_.ranks[size_t(r)].get());
+    });
+  } catch (...) {
+    stop_rank_threads();  // a thread still joinable would end the process
+    throw;
+  }
+}
+
+TensorParallelModel::~TensorParallelModel() {
+  stop_rank_threads();
+  // Each rank's model and backend go on the caller's thread, models first (they use the backend).
+  for (auto& r : ranks_) r->model.reset();
+}
+
+void TensorParallelModel::stop_rank_threads() {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    stop_ = true;
+  }
+  job_ready_.notify_all();
+  for (auto& r : ranks_)
+    if (r->thread.joinable()) r->thread.join();
+}
+
+void TensorParallelModel::rank_loop(int r) {
+  Rank& rank = *ranks_[size_t(r)];
+  ThreadPool::Scope scope(*rank.pool);
+  uint64_t seen = 0;
+  for (;;) {
+    const std::function<void(int)>* job;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      job_ready_.wait(lock, [&] { return stop_ || generation_ != seen; });
+      if (stop_) return;
+      seen = generation_;
+      job = job_;
+    }
+    try {
+      (*job)(r);
+    } catch (...) {
+      rank.error = std::current_exception();
+      group_.abort();  // the other ranks may wait for this one in a collective
+    }
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (--running_ == 0) job_done_.notify_all();
+  }
+}
+
+void TensorParallelModel::on_every_rank(const std::function<void(int)>& fn) {
+  if (options_.world == 1) {
+    fn(0);
+    return;
+  }
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    for (auto& r : ranks_) r->error = nullptr;
+    job_ = &fn;
+    running_ = options_.world;
+    ++generation_;
+  }
+  job_ready_.notify_all();
+  {
+    std::unique_lock<std::mutex> lock(mutex_);
+    job_done_.wait(lock, [&] { return running_ == 0; });
+    job_ = nullptr;
+  }
+  // The failure that caused the others: a rank's own error before an abandoned collective.
+  std::exception_ptr first, abandoned;
+  for (auto& r : ranks_) {
+    if (!r->error) continue;
+    try {
+      std::rethrow_exception(r->error);
+    } catch (const CollectiveAborted&) {
+      if (!abandoned) abandoned = r->error;
+    } catch (...) {
+      if (!first) first = r->error;
+    }
+  }
+  if (first || abandoned) {
+    group_.reset();
+    std::rethrow_exception(first ? first : abandoned);
+  }
+}
+
+SeqId TensorParallelModel::new_sequence() {
+  std::vector<SeqId> ids(size_t(options_.world));
+  on_every_rank([&](int r) { ids[size_t(r)] = ranks_[size_t(r)]->model->new_sequence(); });
+  for (SeqId id : ids) DSV4_CHECK(id == ids[0], "tensor-parallel ranks disagree on a new sequence's id ({} vs {})", id, ids[0]);
+  return ids[0];
+}
+
+void TensorParallelModel::free_sequence(SeqId id) {
+  on_every_rank([&](int r) { ranks_[size_t(r)]->model->free_sequence(id); });
+}
+
+StepOutput TensorParallelModel::step(const std::vector<BatchItem>& batch) {
+  StepOutput out;
+  on_every_rank([&](int r) {
+    StepOutput o = ranks_[size_t(r)]->model->step(batch);
+    if (r == 0) out = std::move(o);
+  });
+  return out;
+}
+
+}  // namespace dsv4
