@@ -176,7 +176,7 @@ TEST(HyperConnectionPre, MatchesCpu) {
   check_hc_pre(3, 4, 128, 1);    // the softmax and one column normalisation only
   check_hc_pre(3, 4, 68, 20);    // a width that leaves most of the cluster's threads idle
   check_hc_pre(300, 4, 128, 20);
-  // Prefill chunks: the tiled kernel (from 512 tokens), with a last tile of 5 tokens.
+  // Prefill-sized chunks (the cluster kernel at every token count).
   check_hc_pre(517, 4, 128, 20);
   check_hc_pre(1029, 4, 4096, 20);
 }
@@ -271,7 +271,7 @@ TEST(HyperConnectionSanitizer, Small) {
   check_hc_head(3, 4, 128);
   check_hc_post(3, 4, 128, false);
   check_hc_post(2, 4, 128, true);
-  check_hc_pre(530, 4, 64, 3);  // the tiled kernel
+  check_hc_pre(530, 4, 64, 3);  // a prefill-sized chunk
 }
 
 }  // namespace

@@ -5,8 +5,7 @@
 // lane per row / column, in the CPU's order) and the cluster writes x_in. hc_post: a thread per
 // (token, channel). Every f32 step the CPU rounds separately is written with the _rn intrinsics (no
 // FMA contraction: the CPU build has none), so given the same mixes the outputs are bit-exact; only
-// the reductions (double on the CPU) differ in order. hc_pre of a long chunk (≥ 512 tokens) takes
-// a tiled kernel instead that reads the weights once per 16 tokens.
+// the reductions (double on the CPU) differ in order.
 #include "backend/cuda/hyper_connection.h"
 
 #include <cooperative_groups.h>
@@ -184,96 +183,6 @@ __global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThread
     if (rank == 0 && warp == 0) token_comb<HC>(mix, base, scale, iters, hc_eps, lane, C, comb + t * HC * HC);
 }
 
-// hc_pre over many tokens (a prefill chunk): the cluster kernel reads the 24 × hc·D f32 weights once
-// per token (1.5 MB at DeepSeek-V4's width), so at thousands of tokens it is bound by that traffic.
-// Here a block takes kTileTokens tokens and reads each weight once for all of them: warp w owns
-// mixes 3w … 3w+2 and walks the channels lane-strided, keeping one accumulator per (token, mix); warp
-// 0 also sums the squares. Then the block does each token's scalar work as the cluster kernel does
-// (rs, the mixes, pre / post, x_in, the Sinkhorn: the same functions, the same rounding points);
-// only the order of the dot products' additions differs, as between the cluster kernel and the CPU.
-constexpr int kTileTokens = 16;
-constexpr int64_t kTiledMinTokens = 512;  // below, the cluster kernel spreads fewer tokens wider
-
-template <int HC, int NMix>
-__global__ void __launch_bounds__(kThreads)
-    hc_mix_tiled_kernel(const uint16_t* __restrict__ X, int64_t T, int D, const float* __restrict__ fn,
-                        const float* __restrict__ base, const float* __restrict__ scale, int iters, float norm_eps,
-                        float hc_eps, uint16_t* __restrict__ out, float* __restrict__ post, float* __restrict__ comb) {
-  constexpr int kMixPerWarp = (NMix + kWarps - 1) / kWarps;
-  __shared__ float mix[kTileTokens][NMix];
-  __shared__ float sumsq[kTileTokens];
-  __shared__ float pre[kTileTokens][HC];
-  __shared__ float C[kWarps][HC * HC];
-  pdl_wait();
-  pdl_launch_dependents();
-  const int64_t t0 = int64_t(blockIdx.x) * kTileTokens;
-  const int nt = int(T - t0 < kTileTokens ? T - t0 : kTileTokens);
-  const int width = HC * D, chunks = width / 4;
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, j0 = warp * kMixPerWarp;
-  const uint2* x4 = reinterpret_cast<const uint2*>(X + t0 * width);
-  const float4* fn4 = reinterpret_cast<const float4*>(fn);
-
-  float acc[kTileTokens][kMixPerWarp], ss[kTileTokens];
-#pragma unroll
-  for (int t = 0; t < kTileTokens; ++t) {
-    ss[t] = 0;
-#pragma unroll
-    for (int m = 0; m < kMixPerWarp; ++m) acc[t][m] = 0;
-  }
-  for (int q = lane; q < chunks; q += 32) {
-    float4 f[kMixPerWarp];
-#pragma unroll
-    for (int m = 0; m < kMixPerWarp; ++m)
-      f[m] = j0 + m < NMix ? fn4[int64_t(j0 + m) * chunks + q] : make_float4(0.f, 0.f, 0.f, 0.f);
-#pragma unroll
-    for (int t = 0; t < kTileTokens; ++t) {
-      if (t >= nt) break;
-      const uint2 raw = x4[int64_t(t) * chunks + q];
-      const float v[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
-                          __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)};
-      if (warp == 0)
-#pragma unroll
-        for (int k = 0; k < 4; ++k) ss[t] = fmaf(v[k], v[k], ss[t]);
-#pragma unroll
-      for (int m = 0; m < kMixPerWarp; ++m)
-        acc[t][m] = fmaf(v[0], f[m].x, fmaf(v[1], f[m].y, fmaf(v[2], f[m].z, fmaf(v[3], f[m].w, acc[t][m]))));
-    }
-  }
-#pragma unroll
-  for (int t = 0; t < kTileTokens; ++t) {
-#pragma unroll
-    for (int m = 0; m < kMixPerWarp; ++m) {
-      const float sum = warp_sum(acc[t][m]);
-      if (lane == 0 && t < nt && j0 + m < NMix) mix[t][j0 + m] = sum;
-    }
-    if (warp == 0) {
-      const float sum = warp_sum(ss[t]);
-      if (lane == 0 && t < nt) sumsq[t] = sum;
-    }
-  }
-  __syncthreads();
-  for (int i = threadIdx.x; i < nt * NMix; i += kThreads) {
-    const int t = i / NMix, j = i % NMix;
-    // rs and m as hc_mixes: the CPU divides its double sum by the width in double, rounds to f32.
-    const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(float(double(sumsq[t]) / double(width)), norm_eps)));
-    mix[t][j] = __fmul_rn(mix[t][j], rs);
-  }
-  __syncthreads();
-  for (int t = warp; t < nt; t += kWarps) token_pre_post<HC, NMix>(mix[t], base, scale, hc_eps, lane, pre[t], post + (t0 + t) * HC);
-  __syncthreads();
-  // x_in = bf(Σ_j pre[j]·X[j]), accumulated from 0 in stream order as the CPU.
-  for (int i = threadIdx.x; i < nt * D; i += kThreads) {
-    const int t = i / D, d = i % D;
-    const uint16_t* xt = X + (t0 + t) * width;
-    float a = 0;
-#pragma unroll
-    for (int j = 0; j < HC; ++j) a = __fadd_rn(a, __fmul_rn(pre[t][j], bf16_value(xt[j * D + d])));
-    out[(t0 + t) * D + d] = bf16_bits(a);
-  }
-  for (int t = warp; t < nt; t += kWarps)
-    token_comb<HC>(mix[t], base, scale, iters, hc_eps, lane, C[warp], comb + (t0 + t) * HC * HC);
-}
-
 // A thread per (token, channel d): blocks_per_token blocks of kThreads channels per token, so one
 // decode token still spreads over several SMs. The thread reads X[t, ·, d] and writes out[t, ·, d],
 // nothing else, so out may alias X (hence no __restrict__ on them).
@@ -326,11 +235,6 @@ template <int HC>
 void launch_hc_pre(const uint16_t* X, int64_t T, int D, const float* fn, const float* base, const float* scale,
                    int iters, float norm_eps, float hc_eps, uint16_t* out, float* post, float* comb,
                    cudaStream_t stream) {
-  if (T >= kTiledMinTokens) {
-    launch_programmatic(hc_mix_tiled_kernel<HC, (2 + HC) * HC>, dim3(unsigned((T + kTileTokens - 1) / kTileTokens)),
-                        dim3(kThreads), 0, stream, X, T, D, fn, base, scale, iters, norm_eps, hc_eps, out, post, comb);
-    return;
-  }
   launch_programmatic(hc_mix_kernel<HC, (2 + HC) * HC>, dim3(unsigned(T * kClusterBlocks)), dim3(kThreads), 0,
                       stream, X, D, fn, base, scale, iters, norm_eps, hc_eps, out, post, comb);
 }
