@@ -345,6 +345,48 @@ TEST(LinearFp8Block, FlashShapes) {
   check_fp8(9, 1024, 4096);  // two passes of 8 rows
 }
 
+// The tensor-core kernel (linear_fp8_mma.cu) at every tile count (1, 2, 4 tiles of 8 rows; several
+// 32-row blocks; partly filled tiles), with uneven K runs ([200 × 384]: runs of 1 and 2 blocks) and
+// DeepSeek-V4-Flash's wq_b and wo_b at decode batch sizes.
+TEST(LinearFp8Block, EveryTileCount) {
+  for (int64_t rows : {7, 8, 9, 15, 16, 17, 24, 31, 32, 33, 40, 64, 65, 100}) check_fp8(rows, 200, 384);
+  for (int64_t rows : {16, 64}) check_fp8(rows, 1000, 512);
+  for (int64_t rows : {16, 32, 64}) check_fp8(rows, 32768, 1024);
+  for (int64_t rows : {16, 64}) check_fp8(rows, 4096, 8192);
+}
+
+// A row's result does not depend on the rows computed beside it (the engine batches sequences
+// freely): each row alone and inside batches of other sizes, bit for bit.
+TEST(LinearFp8Block, RowsDoNotDependOnTheBatch) {
+  const int N = 1000, K = 1024, rows = 70;
+  const std::vector<uint16_t> x = random_bf16(rows, K);
+  std::vector<uint8_t> w(size_t(N) * K), ws(size_t((N + 127) / 128) * (K / 128));
+  std::uniform_int_distribution<int> code(0, 126), sbyte(118, 134);
+  for (auto& b : w) b = uint8_t(code(rng()));
+  for (auto& b : ws) b = uint8_t(sbyte(rng()));
+  Stream stream;
+  DeviceBuffer<uint16_t> d_x(x.size()), d_y(size_t(rows) * N);
+  DeviceBuffer<uint8_t> d_w(w.size()), d_ws(ws.size()), d_q(size_t(rows) * K);
+  DeviceBuffer<float> d_s(size_t(rows) * (K / 128));
+  d_x.upload(x, stream.get());
+  d_w.upload(w, stream.get());
+  d_ws.upload(ws, stream.get());
+  d_y.fill_bytes(0xff, stream.get());
+  linear_fp8_block(d_x.get(), rows, K, d_w.get(), d_ws.get(), N, d_q.get(), d_s.get(), d_y.get(), stream.get());
+  const std::vector<uint16_t> all = d_y.download(stream.get());
+  for (int64_t first : {0, 5, 33, 63}) {
+    for (int64_t count : {1, 3, 7}) {
+      DeviceBuffer<uint16_t> d_part(size_t(count) * N);
+      d_part.fill_bytes(0xff, stream.get());
+      linear_fp8_block(d_x.get() + first * K, count, K, d_w.get(), d_ws.get(), N, d_q.get(), d_s.get(), d_part.get(),
+                       stream.get());
+      const std::vector<uint16_t> part = d_part.download(stream.get());
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + first * N))
+          << "rows " << first << " … " << first + count - 1 << " alone differ from the same rows in a batch of " << rows;
+    }
+  }
+}
+
 TEST(LinearBf16w, FixtureShapes) {
   for (int64_t rows : {1, 4, 33, 300}) {
     check_bf16w(Bf16Op::LinearF32FromBf16, rows, 1024, 128);  // head (logits), compressor wkv / wgate
@@ -391,6 +433,7 @@ TEST(LinearBf16w, ElementLoadsWhenUnaligned) {
 TEST(LinearSanitizer, Small) {
   check_fp8(5, 200, 256);
   check_fp8(9, 20, 1024);  // split K
+  check_fp8(33, 200, 384);  // two 32-row blocks, uneven K runs
   check_bf16w(Bf16Op::LinearBf16, 9, 20, 1024);
   check_bf16w(Bf16Op::LinearBf16, 9, 24, 128);
   check_bf16w(Bf16Op::LinearF32FromF32, 3, 16, 40);

@@ -349,8 +349,9 @@ std::string CudaBackend::linear_paths() const {
     case LinearPathMode::CublasLt: return "cuBLASLt bf16 GEMMs where they run the shape (forced by DSV4_LINEAR_PATH)";
     case LinearPathMode::Auto: break;
   }
-  return fmt::format("CUDA-core kernels, cuBLASLt bf16 GEMMs from {} rows (FP8 weights dequantised: from {} or {} by size; "
-                     "the head: always)", kBf16GemmMinRows, kFp8GemmMinRowsLarge, kFp8GemmMinRows);
+  return fmt::format("FP8: tensor-core kernel, from {} rows (or {} by size) a cuBLASLt bf16 GEMM of the dequantised "
+                     "operands; bf16: CUDA-core kernels, cuBLASLt from {} rows (the head: always)",
+                     kFp8GemmMinRowsLarge, kFp8GemmMinRows, kBf16GemmMinRows);
 }
 
 Tensor CudaBackend::logits(const Tensor& h, const uint16_t* head, int vocab) {

@@ -71,13 +71,6 @@ __device__ __forceinline__ void e4m3x16_to_f32(uint4 v, float (&f)[16]) {
     }
 }
 
-// ue8m0 byte → 2^(byte − 127) as core/dtypes.h e8m0_to_f32 (0 → the subnormal 2^-127, 255 → NaN).
-__device__ __forceinline__ float e8m0_to_f32_dev(uint8_t e) {
-  if (e == 255) return __uint_as_float(0x7fc00000u);
-  if (e == 0) return __uint_as_float(0x00400000u);
-  return __uint_as_float(uint32_t(e) << 23);
-}
-
 __device__ __forceinline__ uint16_t f32_to_bf16_bits(float v) {
   const __nv_bfloat16 b = __float2bfloat16_rn(v);
   return *reinterpret_cast<const uint16_t*>(&b);
@@ -276,8 +269,8 @@ void launch_fp8_to_bf16(const uint8_t* codes, const void* scales, int64_t rows, 
 
 }  // namespace
 
-void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
-                      uint8_t* act_q, float* act_scale, uint16_t* y, cudaStream_t stream) {
+void linear_fp8_block_simt(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
+                           uint8_t* act_q, float* act_scale, uint16_t* y, cudaStream_t stream) {
   if (rows < 0 || rows > INT_MAX || K <= 0 || K % 128 || N <= 0)
     fail("linear_fp8_block: {} rows, K {} (a positive multiple of 128), N {}", rows, K, N);
   if (!aligned16(w) || !aligned16(act_q)) fail("linear_fp8_block: weights and act_q must be 16-byte aligned");

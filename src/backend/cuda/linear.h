@@ -1,10 +1,12 @@
-// The dense linears of the CUDA backend (SPEC §2.2–2.3, §3.3, §3.7, §3.8), CUDA-core kernels shaped
-// for decode: one warp per output column reads its weight row once for up to 8 input rows per pass
-// (a block covers 8 columns × 64 rows; narrow linears split K over several warps per column), f32
-// accumulation, one rounding at the output. From the row counts of linear_gemm.h CudaBackend runs
-// the bf16-input linears, and the FP8 ones as bf16 GEMMs of their exact dequantised values, on
-// cuBLASLt's tensor cores instead; these kernels stay the decode path, the f32-input path and the
-// fallback wherever cuBLASLt cannot run a shape. All pointers are device memory; functions only enqueue.
+// The dense linears of the CUDA backend (SPEC §2.2–2.3, §3.3, §3.7, §3.8), kernels shaped for decode
+// and short prefill. FP8 block weights: tensor cores (linear_fp8_mma.cu: the weight read once, f32
+// promotion per 128-channel block as the reference). bf16 weights: CUDA cores, one warp per output
+// column reading its weight row once for up to 8 input rows per pass (a block covers 8 columns × 64
+// rows; narrow linears split K over several warps per column), f32 accumulation, one rounding at the
+// output. From the row counts of linear_gemm.h CudaBackend runs the bf16-input linears, and from more
+// rows the FP8 ones as bf16 GEMMs of their exact dequantised values, on cuBLASLt instead; these
+// kernels stay the decode path, the f32-input path and the fallback wherever cuBLASLt cannot run a
+// shape. All pointers are device memory; functions only enqueue.
 #pragma once
 #include <cuda_runtime.h>
 
@@ -16,8 +18,11 @@ namespace dsv4::cuda {
 // caller's scratch act_q e4m3 [rows, K] and act_scale f32 [rows, K/128], then
 // y[r, n] = bf16(Σ_b sx[r, b] · sw[n/128, b] · Σ_{k ∈ b} xq·wq). w e4m3 [N, K]; w_scale ue8m0 bytes
 // [ceil(N/128), K/128]. K a positive multiple of 128; N any; rows < 2^31. w and act_q 16-byte aligned.
+// Runs on the tensor cores (linear_fp8_mma.cu). linear_fp8_block_simt: the same on CUDA cores.
 void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
                       uint8_t* act_q, float* act_scale, uint16_t* y, cudaStream_t stream);
+void linear_fp8_block_simt(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
+                           uint8_t* act_q, float* act_scale, uint16_t* y, cudaStream_t stream);
 
 // CpuBackend::linear_bf16 / linear_f32 / grouped_out_proj / logits:
 // y[r, j] = Σ_k x[r·x_row_stride + g(j)·K + k] · w[j·K + k], g(j) = j / (N / groups).

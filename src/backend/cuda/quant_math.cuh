@@ -27,6 +27,13 @@ __device__ __forceinline__ uint16_t bf16_bits(float f) {
   return uint16_t(u >> 16);
 }
 
+// ue8m0 byte → 2^(byte − 127) as core/dtypes.h e8m0_to_f32 (0 → the subnormal 2^-127, 255 → NaN).
+__device__ __forceinline__ float e8m0_to_f32_dev(uint8_t e) {
+  if (e == 255) return __uint_as_float(0x7fc00000u);
+  if (e == 0) return __uint_as_float(0x00400000u);
+  return __uint_as_float(uint32_t(e) << 23);
+}
+
 // Butterfly reductions over a full warp; every lane gets the result.
 __device__ __forceinline__ float warp_sum(float v) {
 #pragma unroll

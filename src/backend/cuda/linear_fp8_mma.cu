@@ -1,0 +1,201 @@
+// The FP8 block linear (linear.h linear_fp8_block) on the tensor cores, shaped for decode and short
+// prefill: the weight is the MMA's M side (16 output columns per warp), the activation rows its N
+// side (tiles of 8 rows, up to 4 tiles = 32 rows per block row; the row blocks of one column group run
+// side by side, so at 64 rows the second reads the weight from L2): every weight byte is read from HBM
+// once, straight into registers.
+//
+// Numerics: the reference's structure, exactly. Every e4m3 code is an f16 value, so both operands
+// enter mma.sync m16n8k16 (f16, f32 accumulators) as unscaled codes and their products are exact;
+// the accumulators restart at every 128-channel block, whose partial is then scaled by sx·sw (powers
+// of two) and added in f32 — DeepSeek-V3's "promotion to f32 every 128 products". Inside a block the
+// tensor core sums 16 products per step in its own order (f32 accumulate); the test bound of
+// tests/ops/linear_gpu_test.cu holds it to the CUDA-core kernel's f32 error.
+//
+// Fragments without shared memory. A dot product does not care which k meets which MMA position, as
+// long as both operands use the same map. Lane (g = lane / 4, t = lane % 4) loads 16 consecutive
+// bytes (16t … 16t + 15 of a 64-channel chunk) of weight rows g and g + 8 and of activation row g of
+// each tile; in MMA step s (4 per chunk) its 32-bit word s supplies the logical k pairs {2t, 2t+1}
+// (low half) and {2t+8, 2t+9} (high half) of both A (rows g, g + 8) and B (column g) — the register
+// layout m16n8k16 asks for. So the weight streams with 16-byte loads and is converted e4m3 → f16 in
+// registers (cvt.rn.f16x2.e4m3x2, exact).
+//
+// Work split. A block is 8 warps: 8 / splits column tiles × splits contiguous runs of K blocks; the
+// runs' f32 sums are added in run order through shared memory (deterministic). splits depends on N
+// and K only, and a row's arithmetic does not depend on the rows beside it: batch-invariant. The
+// weights do not depend on earlier kernels, so each warp asks L2 for its weight lines before the
+// programmatic-launch wait (they stream while the previous kernel finishes).
+#include <cuda_fp16.h>
+#include <cuda_fp8.h>
+
+#include <climits>
+
+#include "backend/cuda/act_quant_fp8.h"
+#include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/linear.h"
+#include "backend/cuda/ptx_primitives.cuh"
+#include "backend/cuda/quant_math.cuh"
+#include "core/error.h"
+
+namespace dsv4::cuda {
+namespace {
+
+constexpr int kWarps = 8;
+constexpr int kMaxTiles = 4;  // 8-row tiles per block row (8 spill on sm_120)
+constexpr int kBlockRows = 8 * kMaxTiles;
+constexpr int kTargetWarps = 2048;  // ~16 per SM on 132 SMs
+
+// Two e4m3 codes (the low 16 bits) → an f16x2 register, exactly; the lower code in the low half.
+__device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
+  const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(codes & 0xffffu), __NV_E4M3);
+  return uint32_t(h.x) | uint32_t(h.y) << 16;
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int s) { return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w; }
+
+// The A fragments of one 128-channel block: [chunk][step][4 registers] from the two rows' loads.
+__device__ __forceinline__ void weight_fragments(const uint4 (&lo)[2], const uint4 (&hi)[2], uint32_t (&a)[2][4][4]) {
+#pragma unroll
+  for (int c = 0; c < 2; ++c)
+#pragma unroll
+    for (int s = 0; s < 4; ++s) {
+      const uint32_t l = word(lo[c], s), h = word(hi[c], s);
+      a[c][s][0] = e4m3x2_to_f16x2(l);
+      a[c][s][1] = e4m3x2_to_f16x2(h);
+      a[c][s][2] = e4m3x2_to_f16x2(l >> 16);
+      a[c][s][3] = e4m3x2_to_f16x2(h >> 16);
+    }
+}
+
+__device__ __forceinline__ void load_block(const uint8_t* row, bool ok, int kb, uint4 (&v)[2]) {
+  if (ok) {
+    v[0] = __ldg(reinterpret_cast<const uint4*>(row + int64_t(kb) * 128));
+    v[1] = __ldg(reinterpret_cast<const uint4*>(row + int64_t(kb) * 128 + 64));
+  } else {
+    v[0] = v[1] = make_uint4(0, 0, 0, 0);
+  }
+}
+
+template <int kTiles>
+__global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
+    linear_fp8_mma_kernel(const uint8_t* __restrict__ act_q, const float* __restrict__ act_scale, int64_t rows, int K,
+                          const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_scale, int N, int splits,
+                          uint16_t* __restrict__ y) {
+  __shared__ float run_sum[kWarps][kTiles * 4][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  const int tile = blockIdx.y * (kWarps / splits) + warp / splits, run = warp % splits;
+  const int col0 = tile * 16, kbs = K / 128;
+  const int kb_begin = run * kbs / splits, kb_end = (run + 1) * kbs / splits;
+  const bool lo_ok = col0 + g < N, hi_ok = col0 + g + 8 < N;
+  const uint8_t* w_lo = w + int64_t(lo_ok ? col0 + g : 0) * K + 16 * t;
+  const uint8_t* w_hi = w + int64_t(hi_ok ? col0 + g + 8 : 0) * K + 16 * t;
+  const uint8_t* w_run_scale = w_scale + int64_t(min(col0, N - 1) / 128) * kbs;
+  if (t == 0)
+    for (int kb = kb_begin; kb < kb_end; ++kb) {
+      if (lo_ok) prefetch_l2(w_lo + int64_t(kb) * 128);
+      if (hi_ok) prefetch_l2(w_hi + int64_t(kb) * 128);
+    }
+  pdl_wait();
+  pdl_launch_dependents();
+
+  const int64_t row0 = int64_t(blockIdx.x) * kBlockRows;
+  float total[kTiles][4] = {};
+  uint4 next_lo[2], next_hi[2];
+  if (kb_begin < kb_end) load_block(w_lo, lo_ok, kb_begin, next_lo), load_block(w_hi, hi_ok, kb_begin, next_hi);
+  for (int kb = kb_begin; kb < kb_end; ++kb) {
+    uint32_t a[2][4][4];
+    weight_fragments(next_lo, next_hi, a);
+    if (kb + 1 < kb_end) load_block(w_lo, lo_ok, kb + 1, next_lo), load_block(w_hi, hi_ok, kb + 1, next_hi);
+    const float sw = e8m0_to_f32_dev(w_run_scale[kb]);
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      const int64_t r = row0 + 8 * j + g, ra = row0 + 8 * j + 2 * t;
+      uint4 x[2];
+      load_block(act_q + (r < rows ? r : 0) * K + 16 * t, r < rows, kb, x);
+      float part[4] = {};
+#pragma unroll
+      for (int c = 0; c < 2; ++c)
+#pragma unroll
+        for (int s = 0; s < 4; ++s) {
+          const uint32_t b = word(x[c], s);
+          mma_f16(part, a[c][s], e4m3x2_to_f16x2(b), e4m3x2_to_f16x2(b >> 16));
+        }
+      const float sa = ra < rows ? act_scale[ra * kbs + kb] * sw : 0.f;
+      const float sb = ra + 1 < rows ? act_scale[(ra + 1) * kbs + kb] * sw : 0.f;
+      total[j][0] += part[0] * sa;
+      total[j][1] += part[1] * sb;
+      total[j][2] += part[2] * sa;
+      total[j][3] += part[3] * sb;
+    }
+  }
+
+  if (splits > 1) {
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) run_sum[warp][4 * j + i][lane] = total[j][i];
+    __syncthreads();
+    if (run != 0) return;
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j)
+#pragma unroll
+      for (int i = 0; i < 4; ++i) {
+        float sum = run_sum[warp][4 * j + i][lane];
+        for (int s = 1; s < splits; ++s) sum += run_sum[warp + s][4 * j + i][lane];
+        total[j][i] = sum;
+      }
+  }
+#pragma unroll
+  for (int j = 0; j < kTiles; ++j) {
+    const int64_t ra = row0 + 8 * j + 2 * t;
+#pragma unroll
+    for (int i = 0; i < 2; ++i) {
+      const int64_t r = ra + i;
+      if (r >= rows) continue;
+      if (lo_ok) y[r * N + col0 + g] = bf16_bits(total[j][i]);
+      if (hi_ok) y[r * N + col0 + g + 8] = bf16_bits(total[j][2 + i]);
+    }
+  }
+}
+
+// Runs of K blocks per column tile (a power of two ≤ 8), from N and K only: enough warps in flight
+// for a narrow linear, at least one K block per run.
+int k_runs(int N, int K) {
+  const int64_t tiles = (N + 15) / 16;
+  int s = 1;
+  while (s < kWarps && tiles * s < kTargetWarps && K / 128 >= 2 * s) s *= 2;
+  return s;
+}
+
+bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
+
+template <int kTiles>
+void launch(const uint8_t* act_q, const float* act_scale, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale,
+            int N, uint16_t* y, cudaStream_t stream) {
+  const int splits = k_runs(N, K);
+  const int64_t tiles = (N + 15) / 16, per_block = kWarps / splits;
+  // Row blocks vary fastest: the blocks of one column group run together and share its weight in L2.
+  const dim3 grid(unsigned((rows + kBlockRows - 1) / kBlockRows), unsigned((tiles + per_block - 1) / per_block));
+  launch_programmatic(linear_fp8_mma_kernel<kTiles>, grid, dim3(kWarps * 32), 0, stream, act_q, act_scale, rows, K, w,
+                      w_scale, N, splits, y);
+}
+
+}  // namespace
+
+void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
+                      uint8_t* act_q, float* act_scale, uint16_t* y, cudaStream_t stream) {
+  if (rows < 0 || rows > INT_MAX || K <= 0 || K % 128 || N <= 0)
+    fail("linear_fp8_block: {} rows, K {} (a positive multiple of 128), N {}", rows, K, N);
+  if (!aligned16(w) || !aligned16(act_q)) fail("linear_fp8_block: weights and act_q must be 16-byte aligned");
+  if (rows == 0) return;
+  if ((N + 15) / 16 > 65535) fail("linear_fp8_block: N {} is too many columns", N);
+  act_quant_fp8(x, int(rows), K, act_q, act_scale, stream);
+  DSV4_CUDA_CHECK_LAUNCH();
+  // Tiles per block row: only as many as the rows fill (a row's arithmetic is the same in each).
+  const int64_t tiles = std::min<int64_t>((rows + 7) / 8, kMaxTiles);
+  if (tiles == 1) launch<1>(act_q, act_scale, rows, K, w, w_scale, N, y, stream);
+  else if (tiles == 2) launch<2>(act_q, act_scale, rows, K, w, w_scale, N, y, stream);
+  else launch<4>(act_q, act_scale, rows, K, w, w_scale, N, y, stream);
+  DSV4_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace dsv4::cuda
