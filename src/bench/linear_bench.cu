@@ -1,6 +1,5 @@
 // `dsv4 bench-ops linear`: the dense linears of DeepSeek-V4-Flash on both of their paths in one run —
-// the kernels (linear.h: FP8 on tensor cores, bf16 on CUDA cores; the FP8 CUDA-core kernel timed
-// beside them) and cuBLASLt (linear_gemm.h) — from decode (M = 1) to prefill
+// the kernels (linear.h: FP8 on tensor cores, bf16 on CUDA cores) and cuBLASLt (linear_gemm.h) — from decode (M = 1) to prefill
 // (M = 8192 rows): the FP8 block projections (hidden 4096, q_lora 1024, 64 heads × 512, 8 output
 // groups × o_lora 1024, indexer 64 heads × 128, shared expert 2048) and the bf16 head (logits, f32
 // out). The FP8 times include the activation quantisation (part of the linear on both paths).
@@ -95,7 +94,6 @@ struct Row {
   std::string shape;
   int M;
   double kernel_us;
-  std::optional<double> simt_us;  // FP8: the CUDA-core kernel the tensor-core one replaced
   std::optional<double> gemm_us;  // none: cuBLASLt has no plan for the shape on this GPU
   std::optional<double> native_fp8_us;  // cuBLASLt's block-scaled FP8 (outside the f32 bound: not run by the engine)
   double bytes, flops;
@@ -143,8 +141,7 @@ void bench_shape(const Shape& sh, double copy_gbs, std::vector<Row>& rows) {
     DSV4_CUDA_CHECK_LAUNCH();
     DSV4_CUDA_CHECK(cudaDeviceSynchronize());
     auto w_of = [&](int r) -> Weights& { return weights[r % copies]; };
-    Row row{fmt::format("{} [{} × {}] {}", sh.name, N, K, sh.fp8 ? "FP8" : "bf16 → f32"), M, 0, std::nullopt,
-            std::nullopt, std::nullopt, 0, 0};
+    Row row{fmt::format("{} [{} × {}] {}", sh.name, N, K, sh.fp8 ? "FP8" : "bf16 → f32"), M, 0, std::nullopt, std::nullopt, 0, 0};
     // The dequantised weight of the FP8 path: one scratch, rewritten by every call (as in the backend).
     DeviceBuffer<uint16_t> w_bf16(sh.fp8 ? size_t(N) * K : 0);
     if (sh.fp8) {
@@ -153,13 +150,6 @@ void bench_shape(const Shape& sh, double copy_gbs, std::vector<Row>& rows) {
             Activations& a = acts[r];
             cuda::linear_fp8_block(a.x.get(), M, K, w_of(r).w.get(), w_of(r).scale.get(), N, a.q.get(), a.s.get(),
                                    reinterpret_cast<uint16_t*>(a.y.get()), s);
-          },
-          rotations);
-      row.simt_us = time_us(
-          [&](int r, cudaStream_t s) {
-            Activations& a = acts[r];
-            cuda::linear_fp8_block_simt(a.x.get(), M, K, w_of(r).w.get(), w_of(r).scale.get(), N, a.q.get(), a.s.get(),
-                                        reinterpret_cast<uint16_t*>(a.y.get()), s);
           },
           rotations);
       if (gemm.fp8_via_bf16_available(M, K, N))
@@ -216,14 +206,13 @@ void bench_linear() {
   std::vector<Row> rows;
   for (const Shape& sh : kShapes) bench_shape(sh, copy_gbs, rows);
 
-  Table table({"shape", "M", "kernel µs", "CUDA-core kernel µs", "cuBLASLt µs", "kernel / cuBLASLt", "faster", "GB/s", "% copy BW",
+  Table table({"shape", "M", "kernel µs", "cuBLASLt µs", "kernel / cuBLASLt", "faster", "GB/s", "% copy BW",
                "TFLOP/s", "native FP8 µs (not used)"});
   for (const Row& r : rows) {
     const bool gemm_faster = r.gemm_us && *r.gemm_us < r.kernel_us;
     const double best = gemm_faster ? *r.gemm_us : r.kernel_us;
     const double gbs = r.bytes / (best * 1e-6) / 1e9;
     table.add({r.shape, fmt::format("{}", r.M), fmt::format("{:.1f}", r.kernel_us),
-               r.simt_us ? fmt::format("{:.1f}", *r.simt_us) : "-",
                r.gemm_us ? fmt::format("{:.1f}", *r.gemm_us) : "n/a",
                r.gemm_us ? fmt::format("{:.2f}×", r.kernel_us / *r.gemm_us) : "n/a",
                gemm_faster ? "cuBLASLt" : "kernel", fmt::format("{:.0f}", gbs),

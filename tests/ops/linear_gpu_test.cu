@@ -584,7 +584,8 @@ void check_backend_choice(const char* env, int64_t rows, bool want_fp8_gemm, boo
 TEST(CudaBackendLinearPath, ForcedAndAuto) {
   static_assert(kBf16GemmMinRows < kFp8GemmMinRows);
   EXPECT_EQ(fp8_gemm_min_rows(1000, 512), kFp8GemmMinRows);  // the weight here: 512K values
-  EXPECT_EQ(fp8_gemm_min_rows(1024, 4096), kFp8GemmMinRowsLarge);
+  EXPECT_EQ(fp8_gemm_min_rows(1024, 4096), kFp8GemmMinRows);        // wq_a: 4M values
+  EXPECT_EQ(fp8_gemm_min_rows(32768, 1024), kFp8GemmMinRowsLarge);  // wq_b: 32M
   check_backend_choice("kernel", 300, false, false);
   check_backend_choice("cublaslt", 5, true, true);
   check_backend_choice("cublaslt", 130, true, true);

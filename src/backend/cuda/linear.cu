@@ -1,19 +1,15 @@
-// Dense linears on CUDA cores (linear.h). Layout of both kernels: block = 8 warps = 8 output
-// columns × up to 64 rows (grid.y covers the rows); a warp streams its column's weight row with
-// 16-byte loads, lanes striding along K, and multiplies each loaded chunk into 8 rows' accumulators
-// before the next chunk, so a decode step (≤ 8 rows) reads every weight byte once. The activations
-// are re-read per column from L1/L2 (small next to the weights). One warp-shuffle sum per output.
-// A narrow linear (N ≤ 2048: wq_a, wkv, the gate, the compressors, the shared expert) would put too
-// few warps in flight to keep HBM busy, so `splits` warps share a column, each over a contiguous
-// part of K, and their sums add in slice order through shared memory: deterministic, and chosen
-// from N and K only, so a row's result never depends on the rows beside it.
+// The bf16-weight linears on CUDA cores (linear.h), and the FP8 → bf16 conversions of the cuBLASLt
+// path. Layout: block = 8 warps = 8 output columns × up to 64 rows (grid.y covers the rows); a warp
+// streams its column's weight row with 16-byte loads, lanes striding along K, and multiplies each
+// loaded chunk into 8 rows' accumulators before the next chunk, so a decode step (≤ 8 rows) reads
+// every weight byte once. The activations are re-read per column from L1/L2 (small next to the
+// weights). One warp-shuffle sum per output. A narrow linear (the gate, the compressors) would put
+// too few warps in flight to keep HBM busy, so `splits` warps share a column, each over a
+// contiguous part of K, and their sums add in slice order through shared memory: deterministic, and
+// chosen from N and K only, so a row's result never depends on the rows beside it.
 //
-// Numerics. FP8 (SPEC §2.3): e4m3 × e4m3 products are exact in f32 (8 significant bits); the CPU
-// sums each 128-block exactly (double) then rounds once; here a lane sums 16 products of one block
-// in f32 and scales that partial by sx·sw (a power of two, so scaling commutes with rounding),
-// then accumulates across chunks and lanes in f32 — the same terms in a different f32 order, as
-// the reference's tensor cores also do. bf16 weights: f32 products and sums (the CPU sums in double
-// and rounds once), y rounded to bf16 once (SPEC §2, bf()).
+// Numerics: f32 products and sums (the CPU sums in double and rounds once), y rounded to bf16 once
+// (SPEC §2, bf()).
 #include "backend/cuda/linear.h"
 
 #include <cuda_bf16.h>
@@ -22,7 +18,6 @@
 
 #include <climits>
 
-#include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/cuda_utils.h"
 #include "backend/cuda/quant_math.cuh"
 #include "backend/cuda/ptx_primitives.cuh"
@@ -82,52 +77,6 @@ __device__ __forceinline__ void bf16x8_to_f32(uint4 v, float (&f)[8]) {
   f[2] = __uint_as_float(v.y << 16), f[3] = __uint_as_float(v.y & 0xffff0000u);
   f[4] = __uint_as_float(v.z << 16), f[5] = __uint_as_float(v.z & 0xffff0000u);
   f[6] = __uint_as_float(v.w << 16), f[7] = __uint_as_float(v.w & 0xffff0000u);
-}
-
-__global__ void __launch_bounds__(kColsPerBlock * 32)
-    linear_fp8_block_kernel(const uint8_t* __restrict__ act_q, const float* __restrict__ act_scale, int64_t rows, int K,
-                            const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_scale, int N, int splits,
-                            uint16_t* __restrict__ y) {
-  pdl_wait();
-  pdl_launch_dependents();
-  __shared__ float slice_sum[kColsPerBlock][kRowsPerPass];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int n = blockIdx.x * (kColsPerBlock / splits) + warp / splits, slice = warp % splits;
-  const bool active = n < N;
-  if (!active && splits == 1) return;  // with slices every warp takes part in the combine
-  const int k_blocks = K / 128, chunks = K / 16;  // a chunk = 16 channels of one 128-block
-  const int c_begin = slice * chunks / splits, c_end = active ? (slice + 1) * chunks / splits : c_begin;
-  const uint8_t* w_row = w + int64_t(active ? n : 0) * K;
-  const uint8_t* w_row_scale = w_scale + int64_t((active ? n : 0) / 128) * k_blocks;
-  const int64_t row_end = min(rows, int64_t(blockIdx.y + 1) * kRowsPerBlock);
-  for (int64_t r0 = int64_t(blockIdx.y) * kRowsPerBlock; r0 < row_end; r0 += kRowsPerPass) {
-    float acc[kRowsPerPass] = {};
-    for (int c = c_begin + lane; c < c_end; c += 32) {
-      float wf[16];
-      e4m3x16_to_f32(__ldg(reinterpret_cast<const uint4*>(w_row) + c), wf);
-      const int b = c / 8;
-      const float sw = e8m0_to_f32_dev(w_row_scale[b]);
-#pragma unroll
-      for (int i = 0; i < kRowsPerPass; ++i) {
-        const int64_t r = r0 + i;
-        if (r >= row_end) break;
-        float xf[16];
-        e4m3x16_to_f32(__ldg(reinterpret_cast<const uint4*>(act_q + r * K) + c), xf);
-        float partial = 0.f;
-#pragma unroll
-        for (int j = 0; j < 16; ++j) partial = fmaf(xf[j], wf[j], partial);  // products exact
-        acc[i] += partial * (act_scale[r * k_blocks + b] * sw);
-      }
-    }
-    float mine = 0.f;
-#pragma unroll
-    for (int i = 0; i < kRowsPerPass; ++i) {
-      const float sum = warp_sum(acc[i]);
-      if (lane == i) mine = sum;
-    }
-    const float total = splits == 1 ? mine : combine_slices(slice_sum, warp, splits, lane, mine);
-    if (slice == 0 && lane < kRowsPerPass && active && r0 + lane < row_end) y[(r0 + lane) * N + n] = f32_to_bf16_bits(total);
-  }
 }
 
 // x element k of row r for column group g, as f32.
@@ -268,21 +217,6 @@ void launch_fp8_to_bf16(const uint8_t* codes, const void* scales, int64_t rows, 
 }
 
 }  // namespace
-
-void linear_fp8_block_simt(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
-                           uint8_t* act_q, float* act_scale, uint16_t* y, cudaStream_t stream) {
-  if (rows < 0 || rows > INT_MAX || K <= 0 || K % 128 || N <= 0)
-    fail("linear_fp8_block: {} rows, K {} (a positive multiple of 128), N {}", rows, K, N);
-  if (!aligned16(w) || !aligned16(act_q)) fail("linear_fp8_block: weights and act_q must be 16-byte aligned");
-  if (rows == 0) return;
-  if (int64_t(rows + kRowsPerBlock - 1) / kRowsPerBlock > 65535) fail("linear_fp8_block: {} rows is too many", rows);
-  act_quant_fp8(x, int(rows), K, act_q, act_scale, stream);
-  DSV4_CUDA_CHECK_LAUNCH();
-  const int splits = k_splits(N, K / 16);
-  launch_programmatic(linear_fp8_block_kernel, linear_grid(rows, N, splits), dim3(kColsPerBlock * 32), 0, stream, act_q,
-                      act_scale, rows, K, w, w_scale, N, splits, y);
-  DSV4_CUDA_CHECK_LAUNCH();
-}
 
 void fp8_weight_to_bf16(const uint8_t* w, const uint8_t* w_scale, int64_t N, int K, uint16_t* out, cudaStream_t stream) {
   launch_fp8_to_bf16<true>(w, w_scale, N, K, out, stream);

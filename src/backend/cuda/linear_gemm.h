@@ -52,12 +52,14 @@ const char* linear_path_mode_name(LinearPathMode mode);
 // `dsv4 bench-ops linear` on the H200 (docs/perf/2026-12-01-decode-profile.md): bf16 weights from
 // 16 rows (below, cuBLASLt's ~11–16 µs floor loses to the kernels on the narrow linears), the head
 // (≥ 256 MB of weight) at every row count (1.15× at one row, 34× at 64); FP8 weights, which go
-// through a bf16 GEMM of their dequantised values (fp8_via_bf16), from 128 rows: below, the
-// tensor-core kernel (linear_fp8_mma.cu) reads the weight once where that path reads it three times.
+// through a bf16 GEMM of their dequantised values (fp8_via_bf16), from 64 rows when they hold at
+// least 8M values (wq_b, wo_b, the indexer's wq_b, the shared expert: the tensor-core kernel
+// linear_fp8_mma.cu is 2.7–3.3× faster at 1–8 rows, 1.6–2.7× at 16, 0.9–1.2× slower at 64), from
+// 128 below (wq_a, wkv: the kernel 0.8–0.9× cuBLASLt's time at 64 rows).
 constexpr int64_t kBf16GemmMinRows = 16;
 constexpr double kBf16GemmAnyRowsBytes = 256e6;
-constexpr int64_t kFp8GemmMinRows = 128, kFp8GemmMinRowsLarge = 128;
-constexpr int64_t kFp8GemmLargeValues = int64_t(4) << 20;
+constexpr int64_t kFp8GemmMinRows = 128, kFp8GemmMinRowsLarge = 64;
+constexpr int64_t kFp8GemmLargeValues = int64_t(8) << 20;
 inline int64_t fp8_gemm_min_rows(int N, int K) {
   return int64_t(N) * K >= kFp8GemmLargeValues ? kFp8GemmMinRowsLarge : kFp8GemmMinRows;
 }
