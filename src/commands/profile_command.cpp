@@ -182,6 +182,7 @@ void profile_decode(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& pr
   // the backend records: a fixed-shape plan, its descriptor refilled, the replay, sampling as
   // called, the token read back), the host's work included.
   double served_ms = 0;
+  const int64_t ahead_before = model.graph_stats().planned_ahead;
   for (int i = 0; i < a.steps; ++i) {
     const std::vector<BatchItem> b = batch();
     auto t0 = clock_type::now();
@@ -189,6 +190,7 @@ void profile_decode(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& pr
     served_ms += ms_since(t0) / a.steps;
   }
   const auto graphs = model.graph_stats();
+  const int64_t served_ahead = graphs.planned_ahead - ahead_before;
   const double step_ms = replayed ? replay_ms : eager_ms;
   // What a step must move: the weights its ops read (routed experts as the rows chose them) and
   // the cache entries read and written. Activations are left out: at decode sizes they stay in L2.
@@ -204,6 +206,7 @@ void profile_decode(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& pr
                         {"host_plan_ms", plan_ms}, {"host_enqueue_ms", enqueue_ms},
                         {"replayed_step_ms", replayed ? nlohmann::json(replay_ms) : nlohmann::json()},
                         {"served_step_ms", served_ms}, {"decode_graphs_replayed", graphs.replayed},
+                        {"served_steps_planned_ahead", served_ahead},
                         {"step_gbs", step_gbs}, {"copy_gbs", copy_gbs}, {"tokens_per_s", a.batch / (step_ms / 1e3)}};
     j["profile"] = op_tables_json(ops, c);
     if (flash.valid)
@@ -220,9 +223,10 @@ void profile_decode(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& pr
   fmt::print("| sum of the op times (device, each op alone), mean of {} | {:.3f} ms |\n", a.steps, ops.step_ms);
   if (replayed)
     fmt::print("| replayed step (one recording, {} replays) | {:.3f} ms = {:.2f} × the op sum |\n", a.steps, replay_ms, ratio);
-  fmt::print("| served step (model.step: {}, host work and token read-back included), mean of {} | {:.3f} ms |\n",
+  fmt::print("| served step (model.step: {}, host work and token read-back included; {} of {} planned while the step "
+             "before ran), mean of {} | {:.3f} ms |\n",
              model.decode_graphs() == DecodeGraphs::Record ? "the bucket's recorded graph replayed" : "run as called",
-             a.steps, served_ms);
+             served_ahead, a.steps, a.steps, served_ms);
   fmt::print("| bytes per step: weights (routed experts as chosen) / cache / activations | {:.1f} / {:.2f} / {:.2f} MB |\n",
              ops.step.weights / 1e6, ops.step.cache / 1e6, ops.step.activations / 1e6);
   fmt::print("| (weights + cache) / {} step time | {:.0f} GB/s = {:.1f}% of the copy bandwidth ({:.0f} GB/s, read + write, this run) |\n",

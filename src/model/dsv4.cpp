@@ -85,13 +85,87 @@ struct Dsv4Model::DecodeGraph {
   Tensor logits;
 };
 
+struct Dsv4Model::NextPlan {
+  std::vector<SeqId> seqs;
+  std::vector<int64_t> pos;  // each sequence's position at the planned step
+  int bucket = 0;
+  int64_t bound = 0;
+  StepPlan plan;
+  // What planning changed in each (sequence, layer) state, to undo it.
+  struct Undo {
+    LayerState* state;
+    LayerCaches* caches;
+    int64_t n_comp, n_keys;
+    size_t comp_pages, key_pages;
+  };
+  std::vector<Undo> undo;
+
+  void undo_states() {
+    for (const Undo& u : undo) {
+      LayerState& st = *u.state;
+      while (st.comp_pages.size() > u.comp_pages) u.caches->kv.free(st.comp_pages.back()), st.comp_pages.pop_back();
+      while (st.key_pages.size() > u.key_pages) u.caches->keys.free(st.key_pages.back()), st.key_pages.pop_back();
+      st.n_comp = u.n_comp, st.n_keys = u.n_keys;
+    }
+    undo.clear();
+  }
+};
+
 Dsv4Model::~Dsv4Model() = default;
 
 void Dsv4Model::set_decode_graphs(DecodeGraphs mode) {
   DSV4_CHECK(mode != DecodeGraphs::Record || backend_.can_capture(), "decode graphs: the {} backend cannot record steps",
              backend_.name());
+  drop_next_plan();
   graph_mode_ = mode;
   graphs_.clear();
+}
+
+void Dsv4Model::drop_next_plan() {
+  if (!next_) return;
+  release_step_plan(next_->plan);
+  next_->undo_states();
+  next_.reset();
+}
+
+void Dsv4Model::plan_next_step(const std::vector<BatchItem>& batch, int bucket) {
+  const ModelConfig& c = config();
+  int64_t end = 0;  // the next step's last position + 1
+  for (auto& item : batch) end = std::max(end, seqs_[size_t(item.seq)]->pos + 2);
+  const int64_t bound = std::max<int64_t>(1024, int64_t(std::bit_ceil(uint64_t(end))));
+  if (bound > c.max_position_embeddings) return;
+  PlanRequest rq;
+  {
+    std::vector<BatchItem> next;
+    for (auto& item : batch) next.push_back({item.seq, {0}});  // token ids come with the step
+    rq = fixed_request(next, bucket, bound, 1);
+  }
+  if (graph_mode_ == DecodeGraphs::Record) {
+    // Only for a shape that replays: its first steps run as called and size its buffers.
+    auto it = graphs_.find({bucket, bound});
+    if (it == graphs_.end() || it->second->warm_steps < 2 || it->second->failures >= 3 || !it->second->descriptor.data)
+      return;
+    rq.descriptor = it->second->descriptor;  // refilled after this step's replay read it (stream order)
+  }
+  auto np = std::make_unique<NextPlan>();
+  np->bucket = bucket, np->bound = bound;
+  for (size_t i = 0; i < batch.size(); ++i) {
+    np->seqs.push_back(batch[i].seq);
+    np->pos.push_back(seqs_[size_t(batch[i].seq)]->pos + 1);
+    for (size_t l = 0; l < rq.layers.size(); ++l) {
+      LayerState* st = rq.spans[i].states[l];
+      np->undo.push_back({st, rq.layers[l].caches, st->n_comp, st->n_keys, st->comp_pages.size(), st->key_pages.size()});
+    }
+  }
+  try {
+    np->plan = build_step_plan(backend_, rq);
+  } catch (const std::exception& e) {
+    // Nothing is lost: the next step plans as usual (and reports what failed, if it fails again).
+    np->undo_states();
+    log_debug("the next decode step was not planned ahead: {}", e.what());
+    return;
+  }
+  next_ = std::move(np);
 }
 
 Dsv4Model::GraphStats Dsv4Model::graph_stats() const {
@@ -133,6 +207,7 @@ SeqId Dsv4Model::new_sequence() {
 
 void Dsv4Model::free_sequence(SeqId id) {
   DSV4_CHECK(id >= 0 && size_t(id) < seqs_.size() && seqs_[size_t(id)]->live, "free_sequence: no sequence {}", id);
+  drop_next_plan();
   Sequence& s = *seqs_[size_t(id)];
   for (int l = 0; l < config().n_layers; ++l) release_layer_state(s.layers[size_t(l)], *caches_[size_t(l)]);
   s.live = false;
@@ -147,9 +222,12 @@ Tensor Dsv4Model::embed_streams(const StepPlan& plan) {
   return view(backend_.embed(plan.stream_tokens, weights_->embed, c.dim), {plan.rows, c.hc_mult, c.dim});
 }
 
-StepPlan Dsv4Model::plan_step(const std::vector<BatchItem>& batch) { return build_step_plan(backend_, plan_request(batch)); }
+StepPlan Dsv4Model::plan_step(const std::vector<BatchItem>& batch) {
+  drop_next_plan();  // a plan made ahead has moved its sequences' entry counts on
+  return build_step_plan(backend_, plan_request(batch));
+}
 
-PlanRequest Dsv4Model::plan_request(const std::vector<BatchItem>& batch) {
+PlanRequest Dsv4Model::plan_request(const std::vector<BatchItem>& batch, int64_t ahead) {
   const ModelConfig& c = config();
   PlanRequest rq;
   rq.hc_mult = c.hc_mult;
@@ -164,12 +242,13 @@ PlanRequest Dsv4Model::plan_request(const std::vector<BatchItem>& batch) {
     Sequence& s = *seqs_[size_t(item.seq)];
     DSV4_CHECK(std::find(seen.begin(), seen.end(), &s) == seen.end(), "step: sequence {} appears twice", item.seq);
     seen.push_back(&s);
-    DSV4_CHECK(s.pos + int64_t(item.tokens.size()) <= c.max_position_embeddings,
+    const int64_t pos0 = s.pos + ahead;
+    DSV4_CHECK(pos0 + int64_t(item.tokens.size()) <= c.max_position_embeddings,
                "step: sequence {} would reach position {}, beyond max_position_embeddings {}", item.seq,
-               s.pos + int64_t(item.tokens.size()), c.max_position_embeddings);
+               pos0 + int64_t(item.tokens.size()), c.max_position_embeddings);
     for (int32_t t : item.tokens)
       DSV4_CHECK(t >= 0 && t < c.vocab_size, "step: token id {} outside the vocabulary (0..{})", t, c.vocab_size - 1);
-    PlanRequest::Span sp{item.tokens, s.pos, {}};
+    PlanRequest::Span sp{item.tokens, pos0, {}};
     for (auto& st : s.layers) sp.states.push_back(&st);
     rq.spans.push_back(std::move(sp));
     // Only the rows whose logits were asked for go through the head; sampling reads an item's last.
@@ -310,9 +389,9 @@ StepOutput Dsv4Model::step(const std::vector<BatchItem>& batch) {
   return finish_step(plan, r, batch);
 }
 
-StepOutput Dsv4Model::step_fixed(const std::vector<BatchItem>& batch, int bucket, int64_t bound) {
+PlanRequest Dsv4Model::fixed_request(const std::vector<BatchItem>& batch, int bucket, int64_t bound, int64_t ahead) {
   const ModelConfig& c = config();
-  PlanRequest rq = plan_request(batch);
+  PlanRequest rq = plan_request(batch, ahead);
   // Padding rows: token 0 at position 0 of a sequence that is never advanced (it completes no
   // compressed entry; its window is its own row), after the real rows, through the head too.
   if (pad_states_.empty())
@@ -325,14 +404,36 @@ StepOutput Dsv4Model::step_fixed(const std::vector<BatchItem>& batch, int bucket
   rq.head_rows.clear();
   for (int r = 0; r < bucket; ++r) rq.head_rows.push_back(r);
   rq.context_capacity = bound;
+  return rq;
+}
 
+StepOutput Dsv4Model::step_fixed(const std::vector<BatchItem>& batch, int bucket, int64_t bound) {
+  const ModelConfig& c = config();
+  PlanRequest rq = fixed_request(batch, bucket, bound);
   std::unique_ptr<DecodeGraph>& slot = graphs_[{bucket, bound}];
   if (!slot) slot = std::make_unique<DecodeGraph>();
   DecodeGraph& g = *slot;
   const bool recording = graph_mode_ == DecodeGraphs::Record && g.failures < 3;
   if (recording && g.warm_steps >= 1 && !g.descriptor.data) g.descriptor = backend_.alloc(DType::I32, {g.words});
   if (g.descriptor.data) rq.descriptor = g.descriptor;
-  StepPlan plan = build_step_plan(backend_, rq);  // may grow cache pools: the epoch is read after
+  bool ahead = next_ && next_->bucket == bucket && next_->bound == bound && next_->seqs.size() == batch.size() &&
+               (!rq.descriptor.data || next_->plan.descriptor.data == rq.descriptor.data);
+  for (size_t i = 0; ahead && i < batch.size(); ++i)
+    ahead = next_->seqs[i] == batch[i].seq && next_->pos[i] == seqs_[size_t(batch[i].seq)]->pos;
+  StepPlan plan;
+  if (ahead) {
+    // Planned while the previous step ran: only the tokens and the sampling part are new.
+    plan = std::move(next_->plan);
+    next_.reset();
+    std::vector<int32_t> tokens;
+    for (auto& sp : rq.spans) tokens.push_back(sp.tokens[0]);
+    replan_tokens(backend_, plan, tokens, c.hc_mult);
+    replan_sampling(backend_, rq, plan);
+    ++graph_stats_.planned_ahead;
+  } else {
+    drop_next_plan();
+    plan = build_step_plan(backend_, rq);  // may grow cache pools: the epoch is read after
+  }
   StepResult r;
   try {
     if (!recording || g.warm_steps < 2) {
@@ -378,6 +479,10 @@ StepOutput Dsv4Model::step_fixed(const std::vector<BatchItem>& batch, int bucket
     release_step_plan(plan);
     throw;
   }
+  // The step is enqueued: its scratch pages may go to the next plan (later work on the stream), and
+  // the host plans the next step while the device runs this one, before the read-back waits.
+  release_step_plan(plan);
+  plan_next_step(batch, bucket);
   // Only the real rows are read back.
   r.logits.shape[0] = int64_t(batch.size());
   return finish_step(plan, r, batch);

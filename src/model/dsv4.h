@@ -101,7 +101,8 @@ class Dsv4Model {
   DecodeGraphs decode_graphs() const { return graph_mode_; }
   struct GraphStats {
     int64_t recorded = 0, replayed = 0, fixed_eager = 0;  // steps recorded, replayed, run padded as called
-    int64_t recordings = 0;                               // held now
+    int64_t planned_ahead = 0;  // fixed-shape steps whose plan was made while the step before ran
+    int64_t recordings = 0;     // held now
   };
   GraphStats graph_stats() const;
 
@@ -138,7 +139,15 @@ class Dsv4Model {
   }
 
   struct DecodeGraph;
-  PlanRequest plan_request(const std::vector<BatchItem>& batch);
+  // The next decode step's plan, made while this one runs (step_fixed): the same sequences one
+  // position on, tokens and sampling filled in when that step comes; undone (entry counts and pages
+  // given back) when the next step is anything else.
+  struct NextPlan;
+  void plan_next_step(const std::vector<BatchItem>& batch, int bucket);
+  void drop_next_plan();
+  // ahead: plan for each sequence's position + ahead (the next step, before this one advanced them).
+  PlanRequest plan_request(const std::vector<BatchItem>& batch, int64_t ahead = 0);
+  PlanRequest fixed_request(const std::vector<BatchItem>& batch, int bucket, int64_t bound, int64_t ahead = 0);
   // A decode batch's fixed shape: its bucket and position bound (bucket 0: not a decode batch).
   std::pair<int, int64_t> fixed_shape(const std::vector<BatchItem>& batch) const;
   StepOutput step_fixed(const std::vector<BatchItem>& batch, int bucket, int64_t bound);
@@ -151,6 +160,7 @@ class Dsv4Model {
   uint64_t graphs_epoch_ = 0;  // the backend's recording epoch the recordings were made under
   GraphStats graph_stats_;
   std::vector<LayerState> pad_states_;  // the padding rows' sequence: position 0, never advanced
+  std::unique_ptr<NextPlan> next_;
   RopeTable rope_plain_, rope_yarn_;
   std::vector<std::unique_ptr<LayerCaches>> caches_;  // main layers, then MTP layers
   std::vector<std::unique_ptr<Sequence>> seqs_;

@@ -47,6 +47,55 @@ std::vector<int32_t> table(const std::vector<const std::vector<int32_t>*>& lists
   }
   return t;
 }
+
+void check_sampling(const PlanRequest& rq) {
+  for (int32_t r : rq.sample_rows) DSV4_CHECK(r >= 0 && r < int64_t(rq.head_rows.size()), "step plan: sample row {}", r);
+  DSV4_CHECK(rq.sample_params.size() == rq.sample_rows.size() && rq.sample_counters.size() == rq.sample_rows.size(),
+             "step plan: {} sample rows, {} parameter sets, {} counters", rq.sample_rows.size(), rq.sample_params.size(),
+             rq.sample_counters.size());
+  const bool penalties = !rq.penalty_ids.empty();
+  DSV4_CHECK(rq.penalty_rows.size() == rq.penalty_ids.size() && rq.penalty_counts.size() == rq.penalty_ids.size() &&
+                 (!penalties || rq.penalty_params.size() == rq.sample_rows.size()),
+             "step plan: penalty entries inconsistent");
+  for (int32_t r : rq.penalty_rows) DSV4_CHECK(r >= 0 && r < int32_t(rq.sample_rows.size()), "step plan: penalty row {}", r);
+  for (int32_t r : rq.logprob_rows) DSV4_CHECK(r >= 0 && r < int32_t(rq.sample_rows.size()), "step plan: logprob row {}", r);
+}
+
+// Where each section of the sampling part starts (words from the part's own start).
+struct SamplingWords {
+  size_t sample, params, counters, pparams, prows, pids, pcounts, lrows;
+};
+
+SamplingWords add_sampling_words(Words& d, const PlanRequest& rq) {
+  const bool penalties = !rq.penalty_ids.empty();
+  SamplingWords at;
+  at.sample = d.add(rq.sample_rows);
+  at.params = d.add_bytes(rq.sample_params.data(), rq.sample_params.size() * sizeof(SamplingParams));
+  at.counters = d.add_bytes(rq.sample_counters.data(), rq.sample_counters.size() * 8);
+  at.pparams = d.add_bytes(rq.penalty_params.data(), penalties ? rq.penalty_params.size() * sizeof(PenaltyParams) : 0);
+  at.prows = d.add(rq.penalty_rows), at.pids = d.add(rq.penalty_ids), at.pcounts = d.add(rq.penalty_counts);
+  at.lrows = d.add(rq.logprob_rows);
+  return at;
+}
+
+// The plan's sampling views into plan.sampling.
+void set_sampling_views(StepPlan& plan, const PlanRequest& rq, const SamplingWords& at) {
+  const bool penalties = !rq.penalty_ids.empty();
+  auto sview = [&](size_t word, DType dtype, std::vector<int64_t> shape) { return view(plan.sampling, word, dtype, std::move(shape)); };
+  plan.sample_rows = sview(at.sample, DType::I32, {int64_t(rq.sample_rows.size())});
+  plan.sample_all_rows = rq.sample_rows.size() == rq.head_rows.size();
+  for (size_t i = 0; i < rq.sample_rows.size() && plan.sample_all_rows; ++i) plan.sample_all_rows = rq.sample_rows[i] == int32_t(i);
+  plan.sample_params = sview(at.params, DType::U8, {int64_t(rq.sample_params.size() * sizeof(SamplingParams))});
+  plan.sample_counters = sview(at.counters, DType::U8, {int64_t(rq.sample_counters.size() * 8)});
+  plan.penalties = penalties;
+  const int64_t np = int64_t(rq.penalty_ids.size());
+  plan.penalty_params = sview(at.pparams, DType::U8, {penalties ? int64_t(rq.penalty_params.size() * sizeof(PenaltyParams)) : 0});
+  plan.penalty_rows = sview(at.prows, DType::I32, {np});
+  plan.penalty_ids = sview(at.pids, DType::I32, {np});
+  plan.penalty_counts = sview(at.pcounts, DType::I32, {np});
+  plan.logprob_rows = sview(at.lrows, DType::I32, {int64_t(rq.logprob_rows.size())});
+  plan.top_logprobs = rq.top_logprobs;
+}
 }  // namespace
 
 StepPlan build_step_plan(Backend& be, const PlanRequest& rq) {
@@ -71,16 +120,7 @@ StepPlan build_step_plan(Backend& be, const PlanRequest& rq) {
   const int64_t T = int64_t(tokens.size());
   plan.rows = T;
   for (int32_t r : rq.head_rows) DSV4_CHECK(r >= 0 && r < T, "step plan: head row {} of {}", r, T);
-  for (int32_t r : rq.sample_rows) DSV4_CHECK(r >= 0 && r < int64_t(rq.head_rows.size()), "step plan: sample row {}", r);
-  DSV4_CHECK(rq.sample_params.size() == rq.sample_rows.size() && rq.sample_counters.size() == rq.sample_rows.size(),
-             "step plan: {} sample rows, {} parameter sets, {} counters", rq.sample_rows.size(), rq.sample_params.size(),
-             rq.sample_counters.size());
-  const bool penalties = !rq.penalty_ids.empty();
-  DSV4_CHECK(rq.penalty_rows.size() == rq.penalty_ids.size() && rq.penalty_counts.size() == rq.penalty_ids.size() &&
-                 (!penalties || rq.penalty_params.size() == rq.sample_rows.size()),
-             "step plan: penalty entries inconsistent");
-  for (int32_t r : rq.penalty_rows) DSV4_CHECK(r >= 0 && r < int32_t(rq.sample_rows.size()), "step plan: penalty row {}", r);
-  for (int32_t r : rq.logprob_rows) DSV4_CHECK(r >= 0 && r < int32_t(rq.sample_rows.size()), "step plan: logprob row {}", r);
+  check_sampling(rq);
 
   // The forward's part: rows and spans, then per layer its tables.
   Words d;
@@ -148,52 +188,32 @@ StepPlan build_step_plan(Backend& be, const PlanRequest& rq) {
     plan.layers.push_back(std::move(lp));
   }
 
-  // The sampling part.
+  // The sampling part (its words counted from its own start).
   while (d.w.size() % 2) d.w.push_back(0);  // the sampling part's 8-byte alignment holds in either upload
   const size_t forward_words = d.w.size();
-  const size_t at_sample = d.add(rq.sample_rows);
-  const size_t at_params = d.add_bytes(rq.sample_params.data(), rq.sample_params.size() * sizeof(SamplingParams));
-  const size_t at_counters = d.add_bytes(rq.sample_counters.data(), rq.sample_counters.size() * 8);
-  const size_t at_pparams = d.add_bytes(rq.penalty_params.data(), penalties ? rq.penalty_params.size() * sizeof(PenaltyParams) : 0);
-  const size_t at_prows = d.add(rq.penalty_rows), at_pids = d.add(rq.penalty_ids), at_pcounts = d.add(rq.penalty_counts);
-  const size_t at_lrows = d.add(rq.logprob_rows);
+  Words sw;
+  const SamplingWords at = add_sampling_words(sw, rq);
 
   plan.descriptor_words = int64_t(forward_words);
-  size_t sampling_base = 0;  // the word of `plan.sampling` that d's word 0 would be at
   if (rq.descriptor.data) {
     DSV4_CHECK(rq.descriptor.dtype == DType::I32 && rq.descriptor.numel() == int64_t(forward_words),
                "step plan: a descriptor buffer of {} words for a plan of {}", rq.descriptor.numel(), forward_words);
     plan.descriptor = rq.descriptor;
     be.upload(plan.descriptor, d.w.data());
-    plan.sampling = be.from_host(DType::I32, {int64_t(d.w.size() - forward_words)}, d.w.data() + forward_words);
-    sampling_base = forward_words;
+    plan.sampling = be.from_host(DType::I32, {int64_t(sw.w.size())}, sw.w.data());
   } else {
+    d.w.insert(d.w.end(), sw.w.begin(), sw.w.end());
     plan.descriptor = be.from_host(DType::I32, {int64_t(d.w.size())}, d.w.data());
-    plan.sampling = plan.descriptor;
+    plan.sampling = view(plan.descriptor, forward_words, DType::I32, {int64_t(sw.w.size())});
   }
+  set_sampling_views(plan, rq, at);
   const Tensor& b = plan.descriptor;
-  auto sview = [&](size_t word, DType dtype, std::vector<int64_t> shape) {
-    return view(plan.sampling, word - sampling_base, dtype, std::move(shape));
-  };
   plan.tables.positions = view(b, at_pos, DType::I32, {T});
   plan.tables.row_span = view(b, at_span_of, DType::I32, {T});
   plan.tables.spans = view(b, at_spans, DType::I32, {int64_t(S), 3});
   plan.tokens = view(b, at_tokens, DType::I32, {T});
   plan.stream_tokens = view(b, at_streams, DType::I32, {T * rq.hc_mult});
   plan.head_rows = view(b, at_head, DType::I32, {int64_t(rq.head_rows.size())});
-  plan.sample_rows = sview(at_sample, DType::I32, {int64_t(rq.sample_rows.size())});
-  plan.sample_all_rows = rq.sample_rows.size() == rq.head_rows.size();
-  for (size_t i = 0; i < rq.sample_rows.size() && plan.sample_all_rows; ++i) plan.sample_all_rows = rq.sample_rows[i] == int32_t(i);
-  plan.sample_params = sview(at_params, DType::U8, {int64_t(rq.sample_params.size() * sizeof(SamplingParams))});
-  plan.sample_counters = sview(at_counters, DType::U8, {int64_t(rq.sample_counters.size() * 8)});
-  plan.penalties = penalties;
-  const int64_t np = int64_t(rq.penalty_ids.size());
-  plan.penalty_params = sview(at_pparams, DType::U8, {penalties ? int64_t(rq.penalty_params.size() * sizeof(PenaltyParams)) : 0});
-  plan.penalty_rows = sview(at_prows, DType::I32, {np});
-  plan.penalty_ids = sview(at_pids, DType::I32, {np});
-  plan.penalty_counts = sview(at_pcounts, DType::I32, {np});
-  plan.logprob_rows = sview(at_lrows, DType::I32, {int64_t(rq.logprob_rows.size())});
-  plan.top_logprobs = rq.top_logprobs;
   for (size_t l = 0; l < plan.layers.size(); ++l) {
     LayerPlan& lp = plan.layers[l];
     lp.window = view(b, lw[l].window, DType::I32, {int64_t(S), lw[l].ww});
@@ -204,6 +224,29 @@ StepPlan build_step_plan(Backend& be, const PlanRequest& rq) {
     lp.index_compressor_slots = view(b, lw[l].index_slots, DType::I32, {int64_t(S)});
   }
   return plan;
+}
+
+void replan_tokens(Backend& be, StepPlan& plan, const std::vector<int32_t>& tokens, int hc_mult) {
+  const int64_t T = plan.rows;
+  DSV4_CHECK(int64_t(tokens.size()) == T, "step plan: {} tokens for a plan of {} rows", tokens.size(), T);
+  // The token ids and their stream copies are one run of words (build_step_plan adds them in turn).
+  DSV4_CHECK(plan.stream_tokens.ptr<int32_t>() == plan.tokens.ptr<int32_t>() + T && plan.stream_tokens.numel() == T * hc_mult,
+             "step plan: token words not laid out as planned");
+  std::vector<int32_t> words(tokens);
+  for (int32_t t : tokens) words.insert(words.end(), size_t(hc_mult), t);
+  Tensor run = plan.tokens;
+  run.shape = {T * (1 + hc_mult)};
+  be.upload(run, words.data());
+}
+
+void replan_sampling(Backend& be, const PlanRequest& rq, StepPlan& plan) {
+  DSV4_CHECK(int64_t(rq.head_rows.size()) == plan.head_rows.numel(), "step plan: {} head rows for a plan of {}",
+             rq.head_rows.size(), plan.head_rows.numel());
+  check_sampling(rq);
+  Words sw;
+  const SamplingWords at = add_sampling_words(sw, rq);
+  plan.sampling = be.from_host(DType::I32, {int64_t(sw.w.size())}, sw.w.data());
+  set_sampling_views(plan, rq, at);
 }
 
 void release_step_plan(StepPlan& plan) {

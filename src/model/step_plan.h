@@ -94,6 +94,12 @@ struct StepPlan {
 // Reserves the pages the step will write (advancing each state's entry counts) and uploads the
 // descriptor.
 StepPlan build_step_plan(Backend& backend, const PlanRequest& request);
+// For a plan made before its step's tokens and sampling were known (Dsv4Model plans the next decode
+// step while the current one runs): the token ids (one per row; their hyper-connection stream copies
+// follow), and a new sampling part from `request`'s sampling fields (its head rows must be the
+// plan's). Both are uploads ordered after the work already enqueued.
+void replan_tokens(Backend& backend, StepPlan& plan, const std::vector<int32_t>& tokens, int hc_mult);
+void replan_sampling(Backend& backend, const PlanRequest& request, StepPlan& plan);
 // Returns the step's scratch pages; call once the step's work is enqueued (pages are reused only
 // by later work on the same stream).
 void release_step_plan(StepPlan& plan);

@@ -286,9 +286,11 @@ TEST(BatchInvariance, LogitsBitIdentical) {
 
 // Decode steps at a fixed shape (padded to a bucket, tables sized by a position bound) against
 // the reference mode, model against model on one backend, bit for bit: three sequences (one
-// padding row) for 40 steps, crossing compressed-entry completions of both ratios, then two.
-// On the CPU: padded vs exact steps (the CPU backend is batch-invariant). On the GPU: recorded
-// and replayed vs the same fixed-shape steps run as called.
+// padding row) for 40 steps, crossing compressed-entry completions of both ratios, the third
+// sitting out five of them, then two. The tested model plans each step while the one before runs
+// (and undoes that plan when the batch changes). On the CPU: padded vs exact steps (the CPU
+// backend is batch-invariant). On the GPU: recorded and replayed vs the same fixed-shape steps run
+// as called.
 void check_decode_graphs(DecodeGraphs reference, DecodeGraphs tested) {
   auto backend = make_backend(kBackend);
   Dsv4Model ref(load_model_weights(kTinyA, backend.get()), *backend), test(load_model_weights(kTinyA, backend.get()), *backend);
@@ -310,7 +312,9 @@ void check_decode_graphs(DecodeGraphs reference, DecodeGraphs tested) {
   std::vector<int32_t> next = {11, 12, 13};
   size_t differ = 0, tokens_differ = 0, steps = 0;
   for (int step = 0; step < 70; ++step) {
-    const size_t live = step < 40 ? 3 : 2;
+    // The third sequence sits out steps 20–24 (its state must come back untouched by the plan made
+    // for it during step 19), then ends at step 40.
+    const size_t live = step < 40 && (step < 20 || step >= 25) ? 3 : 2;
     if (step == 40) ref.free_sequence(rs[2]), test.free_sequence(ts[2]);
     std::vector<BatchItem> br, bt;
     for (size_t s = 0; s < live; ++s) {
@@ -327,16 +331,20 @@ void check_decode_graphs(DecodeGraphs reference, DecodeGraphs tested) {
   }
   const auto stats = test.graph_stats();
   std::printf("decode graphs: %zu steps, %zu logits and %zu token sets differ; %lld recorded, %lld replayed, %lld padded "
-              "steps run as called\n",
+              "steps run as called, %lld planned during the step before\n",
               steps, differ, tokens_differ, (long long)stats.recorded, (long long)stats.replayed,
-              (long long)stats.fixed_eager);
+              (long long)stats.fixed_eager, (long long)stats.planned_ahead);
   EXPECT_EQ(differ, 0u);
   EXPECT_EQ(tokens_differ, 0u);
   if (tested == DecodeGraphs::Record) {
     EXPECT_EQ(stats.recorded, 2);  // buckets 4 and 2, one position bound
     EXPECT_EQ(stats.replayed, 70 - 2 * 2);  // two steps of each shape run as called first
+    // Every step of the same batch as the step before, once its shape has run twice: steps 2–19,
+    // 22–24, 26–39, 41–69.
+    EXPECT_EQ(stats.planned_ahead, 18 + 3 + 14 + 29);
   } else {
     EXPECT_EQ(stats.fixed_eager, 70);
+    EXPECT_EQ(stats.planned_ahead, 70 - 4);  // all but the first step of each batch (0, 20, 25, 40)
   }
 }
 
