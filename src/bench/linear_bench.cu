@@ -66,8 +66,7 @@ struct Weights {
 
 struct Activations {
   DeviceBuffer<uint16_t> x;
-  DeviceBuffer<uint8_t> y, q;  // y bf16 (FP8) or f32 (head) with the GEMM's padding rows; q e4m3 (GEMM)
-  DeviceBuffer<uint16_t> codes;  // the kernel's activation codes (f16)
+  DeviceBuffer<uint8_t> y, q;  // y bf16 (FP8) or f32 (head) with the GEMM's padding rows
   DeviceBuffer<float> s;
   DeviceBuffer<uint16_t> xb;  // the FP8 path's activations as bf16 values
 };
@@ -134,7 +133,6 @@ void bench_shape(const Shape& sh, double copy_gbs, std::vector<Row>& rows) {
       acts[r].y = DeviceBuffer<uint8_t>(y_bytes);
       if (sh.fp8) {
         acts[r].q = DeviceBuffer<uint8_t>(size_t(m4) * K);
-        acts[r].codes = DeviceBuffer<uint16_t>(size_t(M) * K);
         acts[r].s = DeviceBuffer<float>(size_t(m4) * kb);
         acts[r].xb = DeviceBuffer<uint16_t>(size_t(M) * K);
       }
@@ -150,7 +148,7 @@ void bench_shape(const Shape& sh, double copy_gbs, std::vector<Row>& rows) {
       row.kernel_us = time_us(
           [&](int r, cudaStream_t s) {
             Activations& a = acts[r];
-            cuda::linear_fp8_block(a.x.get(), M, K, w_of(r).w.get(), w_of(r).scale.get(), N, a.codes.get(), a.s.get(),
+            cuda::linear_fp8_block(a.x.get(), M, K, w_of(r).w.get(), w_of(r).scale.get(), N, a.q.get(), a.s.get(),
                                    reinterpret_cast<uint16_t*>(a.y.get()), s);
           },
           rotations);

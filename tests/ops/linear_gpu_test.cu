@@ -54,15 +54,6 @@ std::mt19937& rng() { return test::fresh_rng("linear_gpu_test"); }
 
 constexpr double kU = 1.0 / (1 << 24);
 
-// The f16 bits of v, for values f16 represents exactly as normal numbers or zero (every e4m3 value).
-uint16_t f16_bits_of(float v) {
-  if (v == 0) return std::signbit(v) ? 0x8000 : 0;
-  int e;
-  const double m = std::frexp(std::fabs(double(v)), &e);  // |v| = m · 2^e, m in [0.5, 1)
-  const uint16_t sign = v < 0 ? 0x8000 : 0;
-  return uint16_t(sign | uint16_t(e - 1 + 15) << 10 | uint16_t(std::lround((m * 2 - 1) * 1024)));
-}
-
 // bf16 activations, normal with a random power-of-two magnitude per 128-channel block (so the FP8
 // scales differ along K and across rows).
 std::vector<uint16_t> random_bf16(int64_t rows, int cols) {
@@ -217,8 +208,7 @@ void check_fp8(int64_t rows, int N, int K, Path path = Path::Kernel) {
   const int64_t buf_rows = rows;
   Stream stream;
   DeviceBuffer<uint16_t> d_x(x.size()), d_y(size_t(buf_rows) * N);
-  DeviceBuffer<uint8_t> d_w(w.size()), d_ws(w_scale.size()), d_q(path == Path::CublasLt ? size_t(buf_rows) * K : 0);
-  DeviceBuffer<uint16_t> d_codes(path == Path::Kernel ? size_t(buf_rows) * K : 0);  // the kernel's f16 codes
+  DeviceBuffer<uint8_t> d_w(w.size()), d_ws(w_scale.size()), d_q(size_t(buf_rows) * K);
   DeviceBuffer<float> d_s(size_t(buf_rows) * kb);
   // The cuBLASLt path's bf16 operands (scratch, poisoned too).
   DeviceBuffer<uint16_t> d_xb(path == Path::CublasLt ? x.size() : 0), d_wb(path == Path::CublasLt ? w.size() : 0);
@@ -228,7 +218,6 @@ void check_fp8(int64_t rows, int N, int K, Path path = Path::Kernel) {
   d_ws.upload(w_scale, stream.get());
   d_y.fill_bytes(0xff, stream.get());
   d_q.fill_bytes(0x7f, stream.get());
-  d_codes.fill_bytes(0x7f, stream.get());
   d_s.fill_bytes(0xff, stream.get());
   if (path == Path::CublasLt) {
     LinearGemm gemm;
@@ -237,18 +226,15 @@ void check_fp8(int64_t rows, int N, int K, Path path = Path::Kernel) {
                       d_y.get(), stream.get());
     stream.sync();
   } else {
-    linear_fp8_block(d_x.get(), rows, K, d_w.get(), d_ws.get(), N, d_codes.get(), d_s.get(), d_y.get(), stream.get());
+    linear_fp8_block(d_x.get(), rows, K, d_w.get(), d_ws.get(), N, d_q.get(), d_s.get(), d_y.get(), stream.get());
   }
   const std::vector<uint16_t> y = d_y.download(stream.get());
+  const std::vector<uint8_t> q = d_q.download(stream.get());
   const std::vector<float> s = d_s.download(stream.get());
-  if (path == Path::CublasLt) {
-    EXPECT_EQ(d_q.download(stream.get()), want_q) << "activation codes";
-  } else {
-    std::vector<uint16_t> want_codes(want_q.size());
-    for (size_t i = 0; i < want_q.size(); ++i) want_codes[i] = f16_bits_of(lut[want_q[i]]);
-    EXPECT_EQ(d_codes.download(stream.get()), want_codes) << "activation codes (f16)";
+  {
+    EXPECT_EQ(q, want_q) << "activation codes";
+    EXPECT_EQ(std::memcmp(s.data(), want_s.data(), s.size() * 4), 0) << "activation scales";
   }
-  EXPECT_EQ(std::memcmp(s.data(), want_s.data(), s.size() * 4), 0) << "activation scales";
 
   char what[128];
   std::snprintf(what, sizeof what, "fp8 %s %lld × [%d × %d]%s", path_name(path), (long long)rows, N, K,
@@ -385,8 +371,7 @@ TEST(LinearFp8Block, RowsDoNotDependOnTheBatch) {
   for (auto& b : ws) b = uint8_t(sbyte(rng()));
   Stream stream;
   DeviceBuffer<uint16_t> d_x(x.size()), d_y(size_t(rows) * N);
-  DeviceBuffer<uint8_t> d_w(w.size()), d_ws(ws.size());
-  DeviceBuffer<uint16_t> d_q(size_t(rows) * K);
+  DeviceBuffer<uint8_t> d_w(w.size()), d_ws(ws.size()), d_q(size_t(rows) * K);
   DeviceBuffer<float> d_s(size_t(rows) * (K / 128));
   d_x.upload(x, stream.get());
   d_w.upload(w, stream.get());
@@ -577,14 +562,13 @@ void check_backend_choice(const char* env, int64_t rows, bool want_fp8_gemm, boo
   DeviceBuffer<uint16_t> d_y8(size_t(rows) * N), d_yb(size_t(rows) * N), d_xb(size_t(rows) * K), d_wb(size_t(N) * K);
   DeviceBuffer<float> d_yl(size_t(rows) * N), d_s(size_t(rows) * (K / 128));
   DeviceBuffer<uint8_t> d_q(size_t(rows) * K);
-  DeviceBuffer<uint16_t> d_codes(size_t(rows) * K);
   be.synchronize();
   LinearGemm gemm;
   if (want_fp8_gemm)
     gemm.fp8_via_bf16(xt.ptr<uint16_t>(), rows, K, lw.w, lw.scale, N, d_q.get(), d_s.get(), d_xb.get(), d_wb.get(),
                       d_y8.get(), stream.get());
   else
-    linear_fp8_block(xt.ptr<uint16_t>(), rows, K, lw.w, lw.scale, N, d_codes.get(), d_s.get(), d_y8.get(), stream.get());
+    linear_fp8_block(xt.ptr<uint16_t>(), rows, K, lw.w, lw.scale, N, d_q.get(), d_s.get(), d_y8.get(), stream.get());
   if (want_bf16_gemm) {
     ASSERT_TRUE(gemm.bf16_available(rows, K, K, 1, N, false) && gemm.bf16_available(rows, K, K, 1, N, true));
     gemm.bf16(xt.ptr<uint16_t>(), rows, K, K, 1, dwb, N, d_yb.get(), false, stream.get());

@@ -4,7 +4,6 @@
 #include "backend/cuda/act_quant_fp8.h"
 
 #include <cuda_bf16.h>
-#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_utils.h"
@@ -19,8 +18,7 @@ constexpr int kWarpsPerBlock = 8;
 
 // kMnMajor: scales[b · padded_rows + r] (cuBLASLt's VEC128 layout for a GEMM's B operand) instead of
 // row-major, and the blocks of rows ≥ rows (padding up to padded_rows) written as zero codes and scales.
-// kF16: the codes written as their f16 values (q is then uint16_t [rows, cols]).
-template <bool kMnMajor, bool kF16 = false>
+template <bool kMnMajor>
 __global__ void __launch_bounds__(kWarpsPerBlock * 32)
     act_quant_fp8_kernel(const uint16_t* __restrict__ x, size_t blocks, size_t real_blocks, int row_blocks,
                          int padded_rows, uint8_t* __restrict__ q, float* __restrict__ scales) {
@@ -46,15 +44,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   const float s = pow2_ceil_dev(fmaxf(amax, 1e-4f) * (1.0f / 448.0f));
   const uint32_t packed = uint32_t(to_e4m3(v[0] / s)) | uint32_t(to_e4m3(v[1] / s)) << 8 |
                           uint32_t(to_e4m3(v[2] / s)) << 16 | uint32_t(to_e4m3(v[3] / s)) << 24;
-  if constexpr (kF16) {
-    auto f16 = [](uint32_t two) {
-      const __half2_raw h = __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t(two & 0xffffu), __NV_E4M3);
-      return uint32_t(h.x) | uint32_t(h.y) << 16;
-    };
-    *reinterpret_cast<uint2*>(reinterpret_cast<uint16_t*>(q) + block * 128 + lane * 4) = make_uint2(f16(packed), f16(packed >> 16));
-  } else {
-    *reinterpret_cast<uint32_t*>(q + block * 128 + lane * 4) = packed;
-  }
+  *reinterpret_cast<uint32_t*>(q + block * 128 + lane * 4) = packed;
   if (lane == 0) scales[scale_at] = s;
 }
 
@@ -66,16 +56,6 @@ void act_quant_fp8(const uint16_t* x, int rows, int cols, uint8_t* q, float* sca
   if (blocks == 0) return;
   launch_programmatic(act_quant_fp8_kernel<false>, dim3(unsigned((blocks + kWarpsPerBlock - 1) / kWarpsPerBlock)),
                       dim3(kWarpsPerBlock * 32), 0, stream, x, blocks, blocks, cols / 128, rows, q, scales);
-}
-
-void act_quant_fp8_f16(const uint16_t* x, int rows, int cols, uint16_t* codes, float* scales, cudaStream_t stream) {
-  if (rows < 0 || cols <= 0 || cols % 128)
-    fail("act_quant_fp8_f16: {} × {} (columns must be a positive multiple of 128)", rows, cols);
-  const size_t blocks = size_t(rows) * (cols / 128);
-  if (blocks == 0) return;
-  launch_programmatic(act_quant_fp8_kernel<false, true>, dim3(unsigned((blocks + kWarpsPerBlock - 1) / kWarpsPerBlock)),
-                      dim3(kWarpsPerBlock * 32), 0, stream, x, blocks, blocks, cols / 128, rows,
-                      reinterpret_cast<uint8_t*>(codes), scales);
 }
 
 void act_quant_fp8_mn_major(const uint16_t* x, int rows, int padded_rows, int cols, uint8_t* q, float* scales,

@@ -13,11 +13,6 @@ namespace dsv4::cuda {
 // Launched as a programmatic dependent (reads x after the previous kernel's writes are visible).
 void act_quant_fp8(const uint16_t* x, int rows, int cols, uint8_t* q, float* scales, cudaStream_t stream);
 
-// The same codes as their f16 values (exact: every e4m3 value is an f16 value), the input of the
-// tensor-core FP8 linear (linear_fp8_mma.cu: the codes enter its MMAs unconverted). codes: uint16_t
-// f16 bits [rows, cols]; scales as act_quant_fp8.
-void act_quant_fp8_f16(const uint16_t* x, int rows, int cols, uint16_t* codes, float* scales, cudaStream_t stream);
-
 // The same codes and scales with the scales in the layout cuBLASLt's VEC128_32F block scaling takes
 // for a GEMM's B operand (linear_gemm.h): scales[b · padded_rows + r], f32 [cols/128, padded_rows].
 // The rows rows … padded_rows − 1 (the GEMM's padding to a multiple of 4) get zero codes and zero

@@ -294,18 +294,17 @@ Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) {
   DSV4_CHECK(w.in % 128 == 0, "linear {}: input width {} is not a multiple of 128", w.name, w.in);
   Tensor out = alloc(DType::BF16, {rows, w.out});
   if (!rows) return out;
+  Tensor q = alloc(DType::U8, {rows, w.in});
   Tensor s = alloc(DType::F32, {rows, w.in / 128});
   if (gemm_ && linear_path_uses_gemm(linear_mode_, rows, fp8_gemm_min_rows(w.out, w.in)) &&
       gemm_->fp8_via_bf16_available(rows, w.in, w.out)) {
     // Both operands as their exact bf16 values, one bf16 GEMM (linear_gemm.h).
-    Tensor q = alloc(DType::U8, {rows, w.in});
     Tensor xb = alloc(DType::BF16, {rows, w.in}), wb = alloc(DType::BF16, {w.out, w.in});
     gemm_->fp8_via_bf16(x.ptr<uint16_t>(), rows, w.in, w.w, w.scale, w.out, q.ptr<uint8_t>(), s.ptr<float>(),
                         xb.ptr<uint16_t>(), wb.ptr<uint16_t>(), out.ptr<uint16_t>(), stream());
     return out;
   }
-  Tensor codes = alloc(DType::F16, {rows, w.in});
-  linear_fp8_block(x.ptr<uint16_t>(), rows, w.in, w.w, w.scale, w.out, codes.ptr<uint16_t>(), s.ptr<float>(),
+  linear_fp8_block(x.ptr<uint16_t>(), rows, w.in, w.w, w.scale, w.out, q.ptr<uint8_t>(), s.ptr<float>(),
                    out.ptr<uint16_t>(), stream());
   return out;
 }

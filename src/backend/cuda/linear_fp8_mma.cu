@@ -5,27 +5,31 @@
 // once, straight into registers.
 //
 // Numerics: the reference's structure, exactly. Every e4m3 code is an f16 value, so both operands
-// enter mma.sync m16n8k16 (f16, f32 accumulators) as unscaled codes and their products are exact
-// (the activations arrive as f16 codes from act_quant_fp8_f16: converting them here would cost every
-// column tile the conversion again, the kernel's limit from 16 rows);
+// enter mma.sync m16n8k16 (f16, f32 accumulators) as unscaled codes and their products are exact;
 // the accumulators restart at every 128-channel block, whose partial is then scaled by sx·sw (powers
 // of two) and added in f32 — DeepSeek-V3's "promotion to f32 every 128 products". Inside a block the
 // tensor core sums 16 products per step in its own order (f32 accumulate); the test bound of
 // tests/ops/linear_gpu_test.cu holds it to the CUDA-core kernel's f32 error.
 //
 // Fragments without shared memory. A dot product does not care which k meets which MMA position, as
-// long as both operands use the same map. Lane (g = lane / 4, t = lane % 4) loads channels 16t …
-// 16t + 15 of a 64-channel chunk: 16 bytes of weight rows g and g + 8, 32 bytes (f16) of activation
-// row g of each tile. In MMA step s (4 per chunk) channels 16t + 4s + {0, 1} are the logical k pair
-// {2t, 2t+1} and 16t + 4s + {2, 3} the pair {2t+8, 2t+9}, for A (rows g, g + 8) and B (column g)
-// alike — the register layout m16n8k16 asks for. So the weight streams with 16-byte loads and is
-// converted e4m3 → f16 in registers (cvt.rn.f16x2.e4m3x2, exact).
+// long as both operands use the same map. Lane (g = lane / 4, t = lane % 4) loads 16 consecutive
+// bytes (16t … 16t + 15 of a 64-channel chunk) of weight rows g and g + 8 and of activation row g of
+// each tile; in MMA step s (4 per chunk) its 32-bit word s supplies the logical k pairs {2t, 2t+1}
+// (low half) and {2t+8, 2t+9} (high half) of both A (rows g, g + 8) and B (column g) — the register
+// layout m16n8k16 asks for. So the weight streams with 16-byte loads and is converted e4m3 → f16 in
+// registers (cvt.rn.f16x2.e4m3x2, exact).
 //
 // Work split. A block is 8 warps: 8 / splits column tiles × splits contiguous runs of K blocks; the
 // runs' f32 sums are added in run order through shared memory (deterministic). splits depends on N
 // and K only, and a row's arithmetic does not depend on the rows beside it: batch-invariant. The
 // weights do not depend on earlier kernels, so each warp asks L2 for its weight lines before the
 // programmatic-launch wait (they stream while the previous kernel finishes).
+//
+// Measured (docs/perf/2026-12-01-fp8-linear-plan-ahead.md): 45–53% of the copy bandwidth for wq_b and
+// wo_b at 1–16 rows (a fixed ~5 µs of the call is the quantisation launch and ramp), then limited by
+// latency at 4 tiles (one block per SM): cuBLASLt wins from 64 rows. Feeding the activations as f16
+// codes (no conversion per column tile) was slower at every row count: the conversion is not the
+// limiter.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -77,19 +81,9 @@ __device__ __forceinline__ void load_block(const uint8_t* row, bool ok, int kb, 
   }
 }
 
-// Channels 16t … 16t + 15 of a 64-channel chunk of an f16 row: halves 4s … 4s + 3 are words 2s, 2s + 1.
-__device__ __forceinline__ void load_codes(const uint16_t* row, bool ok, int kb, int c, uint4 (&v)[2]) {
-  if (ok) {
-    const uint4* p = reinterpret_cast<const uint4*>(row + int64_t(kb) * 128 + 64 * c);
-    v[0] = __ldg(p), v[1] = __ldg(p + 1);
-  } else {
-    v[0] = v[1] = make_uint4(0, 0, 0, 0);
-  }
-}
-
 template <int kTiles>
 __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
-    linear_fp8_mma_kernel(const uint16_t* __restrict__ act_codes, const float* __restrict__ act_scale, int64_t rows, int K,
+    linear_fp8_mma_kernel(const uint8_t* __restrict__ act_q, const float* __restrict__ act_scale, int64_t rows, int K,
                           const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_scale, int N, int splits,
                           uint16_t* __restrict__ y) {
   __shared__ float run_sum[kWarps][kTiles * 4][32];
@@ -121,17 +115,15 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
       const int64_t r = row0 + 8 * j + g, ra = row0 + 8 * j + 2 * t;
-      const uint16_t* x_row = act_codes + (r < rows ? r : 0) * K + 16 * t;
-      uint4 x[2][2];
-      load_codes(x_row, r < rows, kb, 0, x[0]);
-      load_codes(x_row, r < rows, kb, 1, x[1]);
+      uint4 x[2];
+      load_block(act_q + (r < rows ? r : 0) * K + 16 * t, r < rows, kb, x);
       float part[4] = {};
 #pragma unroll
       for (int c = 0; c < 2; ++c)
 #pragma unroll
         for (int s = 0; s < 4; ++s) {
-          const uint4& v = x[c][s / 2];
-          mma_f16(part, a[c][s], s % 2 ? v.z : v.x, s % 2 ? v.w : v.y);
+          const uint32_t b = word(x[c], s);
+          mma_f16(part, a[c][s], e4m3x2_to_f16x2(b), e4m3x2_to_f16x2(b >> 16));
         }
       const float sa = ra < rows ? act_scale[ra * kbs + kb] * sw : 0.f;
       const float sb = ra + 1 < rows ? act_scale[(ra + 1) * kbs + kb] * sw : 0.f;
@@ -183,32 +175,32 @@ int k_runs(int N, int K) {
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <int kTiles>
-void launch(const uint16_t* act_codes, const float* act_scale, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale,
+void launch(const uint8_t* act_q, const float* act_scale, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale,
             int N, uint16_t* y, cudaStream_t stream) {
   const int splits = k_runs(N, K);
   const int64_t tiles = (N + 15) / 16, per_block = kWarps / splits;
   // Row blocks vary fastest: the blocks of one column group run together and share its weight in L2.
   const dim3 grid(unsigned((rows + kBlockRows - 1) / kBlockRows), unsigned((tiles + per_block - 1) / per_block));
-  launch_programmatic(linear_fp8_mma_kernel<kTiles>, grid, dim3(kWarps * 32), 0, stream, act_codes, act_scale, rows, K, w,
+  launch_programmatic(linear_fp8_mma_kernel<kTiles>, grid, dim3(kWarps * 32), 0, stream, act_q, act_scale, rows, K, w,
                       w_scale, N, splits, y);
 }
 
 }  // namespace
 
 void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
-                      uint16_t* act_codes, float* act_scale, uint16_t* y, cudaStream_t stream) {
+                      uint8_t* act_q, float* act_scale, uint16_t* y, cudaStream_t stream) {
   if (rows < 0 || rows > INT_MAX || K <= 0 || K % 128 || N <= 0)
     fail("linear_fp8_block: {} rows, K {} (a positive multiple of 128), N {}", rows, K, N);
-  if (!aligned16(w) || !aligned16(act_codes)) fail("linear_fp8_block: weights and act_codes must be 16-byte aligned");
+  if (!aligned16(w) || !aligned16(act_q)) fail("linear_fp8_block: weights and act_q must be 16-byte aligned");
   if (rows == 0) return;
   if ((N + 15) / 16 > 65535) fail("linear_fp8_block: N {} is too many columns", N);
-  act_quant_fp8_f16(x, int(rows), K, act_codes, act_scale, stream);
+  act_quant_fp8(x, int(rows), K, act_q, act_scale, stream);
   DSV4_CUDA_CHECK_LAUNCH();
   // Tiles per block row: only as many as the rows fill (a row's arithmetic is the same in each).
   const int64_t tiles = std::min<int64_t>((rows + 7) / 8, kMaxTiles);
-  if (tiles == 1) launch<1>(act_codes, act_scale, rows, K, w, w_scale, N, y, stream);
-  else if (tiles == 2) launch<2>(act_codes, act_scale, rows, K, w, w_scale, N, y, stream);
-  else launch<4>(act_codes, act_scale, rows, K, w, w_scale, N, y, stream);
+  if (tiles == 1) launch<1>(act_q, act_scale, rows, K, w, w_scale, N, y, stream);
+  else if (tiles == 2) launch<2>(act_q, act_scale, rows, K, w, w_scale, N, y, stream);
+  else launch<4>(act_q, act_scale, rows, K, w, w_scale, N, y, stream);
   DSV4_CUDA_CHECK_LAUNCH();
 }
 
