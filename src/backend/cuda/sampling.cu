@@ -1,4 +1,4 @@
-// GPU sampler: one block per row. Every selection the definition needs (the top-k cut, the top-p
+// GPU sampler: one block per row (after a pass that finds each row's greedy token with many blocks). Every selection the definition needs (the top-k cut, the top-p
 // cut, the draw) is "the first token in canonical order whose cumulative value reaches a target"
 // over a domain of tokens, found without sorting by a radix descent over the 64-bit order key,
 // 4 bits per pass: histogram the domain's tokens in the current key range into 16 bins (per-thread
@@ -46,7 +46,6 @@ struct SelectShared {
   uint16_t thread_count[kBins][kThreads];
   uint64_t bin_value[kBins];
   uint32_t bin_count[kBins];
-  uint64_t warp_key[kWarps];
   uint64_t prefix, mask, before, target, total, cum, key;
   int state;
 };
@@ -168,19 +167,41 @@ __device__ Selection select_first_reaching(const float* logits, const float* pro
   return s;
 }
 
-// The largest order key of the row (= the greedy token), block-wide.
-__device__ uint64_t block_max_key(const float* logits, int vocab, SelectShared& sh) {
+// The largest order key (= the greedy token) of each of kKeyChunks slices of every row, a block per
+// slice: one block per row over a 129K vocabulary is a chain of dependent loads (65 µs for a decode
+// step's row on the H200), a block per slice is one round of them.
+constexpr int kKeyChunks = 32;
+
+__global__ void __launch_bounds__(kThreads) chunk_max_keys_kernel(const float* __restrict__ logits, int vocab,
+                                                                  uint64_t* __restrict__ keys) {
+  pdl_wait();
+  pdl_launch_dependents();
+  __shared__ uint64_t warp_key[kWarps];
+  const int64_t row = blockIdx.y;
+  const int per = (vocab + kKeyChunks - 1) / kKeyChunks, begin = int(blockIdx.x) * per, end = min(vocab, begin + per);
+  const float* l = logits + row * vocab;
   const int tid = threadIdx.x, lane = tid % 32, warp = tid / 32;
   uint64_t best = 0;
-  for (int i = tid; i < vocab; i += kThreads) best = max(best, order_key(logits[i], i));
+#pragma unroll 8
+  for (int i = begin + tid; i < end; i += kThreads) best = max(best, order_key(l[i], i));
 #pragma unroll
   for (int o = 16; o; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
-  if (lane == 0) sh.warp_key[warp] = best;
+  if (lane == 0) warp_key[warp] = best;
   __syncthreads();
   if (tid == 0) {
-    uint64_t b = sh.warp_key[0];
-    for (int w = 1; w < kWarps; ++w) b = max(b, sh.warp_key[w]);
-    sh.key = b;
+    uint64_t b = warp_key[0];
+    for (int w = 1; w < kWarps; ++w) b = max(b, warp_key[w]);
+    keys[row * kKeyChunks + blockIdx.x] = b;
+  }
+}
+
+// The row's largest order key from its slices' (chunk_max_keys_kernel), block-wide.
+__device__ uint64_t row_max_key(const uint64_t* keys, SelectShared& sh) {
+  if (threadIdx.x < 32) {
+    uint64_t best = threadIdx.x < kKeyChunks ? keys[threadIdx.x] : 0;
+#pragma unroll
+    for (int o = 16; o; o >>= 1) best = max(best, __shfl_xor_sync(0xffffffffu, best, o));
+    if (threadIdx.x == 0) sh.key = best;
   }
   __syncthreads();
   return sh.key;
@@ -189,7 +210,8 @@ __device__ uint64_t block_max_key(const float* logits, int vocab, SelectShared& 
 __global__ void __launch_bounds__(kThreads) sample_tokens_kernel(const float* __restrict__ logits, int vocab,
                                                                  const SamplingParams* __restrict__ params,
                                                                  const uint64_t* __restrict__ counters,
-                                                                 int32_t* __restrict__ out, float* __restrict__ probs_all) {
+                                                                 int32_t* __restrict__ out, float* __restrict__ probs_all,
+                                                                 const uint64_t* __restrict__ keys) {
   pdl_wait();
   pdl_launch_dependents();
   __shared__ SelectShared sh;
@@ -198,7 +220,7 @@ __global__ void __launch_bounds__(kThreads) sample_tokens_kernel(const float* __
   float* probs = probs_all + row * vocab;
   const SamplingParams sp = params[row];
 
-  const int best_id = key_token(block_max_key(l, vocab, sh));
+  const int best_id = key_token(row_max_key(keys + row * kKeyChunks, sh));
   const float max_logit = sanitize_logit(l[best_id]);
   if (is_greedy(sp, max_logit)) {
     if (threadIdx.x == 0) out[row] = best_id;
@@ -227,20 +249,26 @@ __global__ void __launch_bounds__(kThreads) sample_tokens_kernel(const float* __
   if (threadIdx.x == 0) out[row] = s.found ? key_token(s.key) : best_id;
 }
 
+// Workspace: the probabilities [rows, vocab] f32, then the slices' maximum keys [rows, kKeyChunks].
+size_t probs_bytes(int64_t rows, int vocab) { return (size_t(rows) * size_t(vocab) * sizeof(float) + 255) / 256 * 256; }
+
 }  // namespace
 
 size_t sampling_workspace_bytes(int64_t rows, int vocab) {
-  const size_t bytes = size_t(rows) * size_t(vocab) * sizeof(float);
-  return (bytes + 255) / 256 * 256;
+  return probs_bytes(rows, vocab) + (size_t(rows) * kKeyChunks * sizeof(uint64_t) + 255) / 256 * 256;
 }
 
 void sample_tokens(const float* logits, int64_t rows, int vocab, const SamplingParams* params, const uint64_t* counters,
                    int32_t* out, void* workspace, cudaStream_t stream) {
-  if (rows < 0 || rows > int64_t(INT32_MAX) || vocab <= 0 || vocab > kMaxVocab)
-    fail("sample_tokens: {} rows × vocab {} (vocab 1 … {})", rows, vocab, kMaxVocab);
+  if (rows < 0 || rows > 65535 || vocab <= 0 || vocab > kMaxVocab)
+    fail("sample_tokens: {} rows × vocab {} (rows 0 … 65535, vocab 1 … {})", rows, vocab, kMaxVocab);
   if (rows == 0) return;
+  auto* keys = reinterpret_cast<uint64_t*>(static_cast<uint8_t*>(workspace) + probs_bytes(rows, vocab));
+  launch_programmatic(chunk_max_keys_kernel, dim3(kKeyChunks, unsigned(rows)), dim3(kThreads), 0, stream, logits, vocab,
+                      keys);
+  DSV4_CUDA_CHECK_LAUNCH();
   launch_programmatic(sample_tokens_kernel, dim3(unsigned(rows)), dim3(kThreads), 0, stream, logits, vocab, params,
-                      counters, out, static_cast<float*>(workspace));
+                      counters, out, static_cast<float*>(workspace), static_cast<const uint64_t*>(keys));
   DSV4_CUDA_CHECK_LAUNCH();
 }
 

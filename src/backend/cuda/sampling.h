@@ -17,7 +17,8 @@ size_t sampling_workspace_bytes(int64_t rows, int vocab);
 
 // logits f32 [rows, vocab]; params [rows]; counters [rows] (tokens each sequence has generated);
 // out int32 [rows]; workspace ≥ sampling_workspace_bytes(rows, vocab), 16-byte aligned. All device
-// memory. One block per row; vocab up to 2^24. Enqueues only (graph-capturable).
+// memory. rows ≤ 65535 (a pass of 32 blocks per row finds each row's greedy token, then one block per
+// row samples); vocab up to 2^23. Enqueues only (graph-capturable).
 void sample_tokens(const float* logits, int64_t rows, int vocab, const SamplingParams* params, const uint64_t* counters,
                    int32_t* out, void* workspace, cudaStream_t stream);
 
