@@ -51,6 +51,11 @@ struct Case {
   bool every_scale_code = false;
   bool no_sink = false;  // sink logit −1e30: its weight is exactly 0
   bool exact = false;    // outputs must equal the reference's bit for bit (else rel L2 ≤ 1e-2)
+  bool reference_rounding = false;  // split pieces start from the running maximum before them
+  // Also run the unsplit kernel on the same inputs and hold this launch to it: P is then rounded
+  // against the same maxima, so only the f32 order of the combine differs — every output within
+  // one bf16 ulp plus 1e-5 of its (query, head)'s largest |output|.
+  bool match_unsplit = false;
 };
 
 // Fills every entry of a pool with random KV vectors (per-block magnitudes vary) in the FP8 layout.
@@ -230,6 +235,7 @@ double run_case(const Case& c) {
   shape.split_kv = c.split;
   shape.fused_combine = c.fused_combine;
   shape.kernel = c.kernel;
+  shape.reference_rounding = c.reference_rounding;
   SparseMlaPlan plan(shape);
   SparseMlaArgs a;
   a.q = d_q.get();
@@ -293,6 +299,41 @@ double run_case(const Case& c) {
     plan.compute(d_lengths.get(), T, stride, stream.get());
     sparse_mla_decode(plan, a, stream.get());
     rel = check("launch");
+  }
+  if (c.match_unsplit) {
+    const std::vector<__nv_bfloat16> split_out = d_out.download(stream.get());
+    SparseMlaShape unsplit = shape;
+    unsplit.split_kv = false;
+    unsplit.reference_rounding = false;
+    unsplit.fused_combine = false;
+    SparseMlaPlan base(unsplit);
+    d_out.fill_bytes(0xff, stream.get());
+    base.compute(d_lengths.get(), T, stride, stream.get());
+    sparse_mla_decode(base, a, stream.get());
+    const std::vector<__nv_bfloat16> base_out = d_out.download(stream.get());
+    size_t same = 0, beyond = 0;
+    double worst = 0;  // in units of the allowance
+    for (size_t row = 0; row < base_out.size() / kD; ++row) {
+      auto value = [](const __nv_bfloat16& v) {
+        uint16_t bits;
+        std::memcpy(&bits, &v, 2);
+        return double(bf16_to_f32(bits));
+      };
+      double peak = 0;
+      for (int d = 0; d < kD; ++d) peak = std::max(peak, std::fabs(value(base_out[row * kD + d])));
+      for (int d = 0; d < kD; ++d) {
+        const double x = value(split_out[row * kD + d]), y = value(base_out[row * kD + d]);
+        const double big = std::max(std::fabs(x), std::fabs(y));
+        const double ulp = big > 0 ? std::ldexp(1.0, std::ilogb(big) - 7) : 0;
+        const double allowed = ulp + 1e-5 * peak, diff = std::fabs(x - y);
+        same += diff == 0;
+        beyond += !(diff <= allowed);
+        if (allowed > 0) worst = std::max(worst, diff / allowed);
+      }
+    }
+    std::printf("  against the unsplit kernel on the same inputs: %.3f%% bit-identical, worst %.2f× the allowance, "
+                "%zu beyond\n", 100.0 * double(same) / double(base_out.size()), worst, beyond);
+    EXPECT_EQ(beyond, 0u) << "split-KV with reference rounding against the unsplit kernel";
   }
   return rel;
 }
@@ -413,6 +454,40 @@ TEST(SparseMlaGpu, TopkOtherThan512AndPeakySoftmax) {
   run_case(c);
 }
 
+// Split pieces that start from the running maximum before them round P as the unsplit kernel does:
+// CSA lists of 640 entries (10 blocks over many pieces at 1 query), HCA with 500 entries, s_q > 1,
+// every head-group size, one and several queries, in a CUDA graph too.
+TEST(SparseMlaGpu, ReferenceRoundingMatchesTheUnsplitKernel) {
+  for (int hpc : {16, 32, 64}) {
+    Case c;
+    c.heads_per_cta = hpc;
+    c.block_entries = 64;
+    c.reference_rounding = true;
+    c.match_unsplit = true;
+    c.set = SparseMlaCompressed::Selected;
+    c.last_pos = {20000};
+    run_case(c);
+    c.last_pos = {5000, 60, 12000, 3000};
+    c.q_scale = 6.0f;  // peaky: the maxima move between pieces
+    run_case(c);
+  }
+  Case c;
+  c.block_entries = 64;
+  c.reference_rounding = true;
+  c.match_unsplit = true;
+  c.set = SparseMlaCompressed::All;
+  c.ratio = 128;
+  c.last_pos = {500 * 128 + 77, 300};
+  c.s_q = {2, 1};
+  run_case(c);
+  c.set = SparseMlaCompressed::Selected;
+  c.ratio = 4;
+  c.last_pos = {9000, 2046};
+  c.s_q = {1, 1};
+  c.graph = true;
+  run_case(c);
+}
+
 TEST(SparseMlaGpu, CudaGraphReplay) {
   Case c;
   c.set = SparseMlaCompressed::Selected;
@@ -489,6 +564,13 @@ TEST(SparseMlaGpuSanitizer, Small) {
   run_case(c);
   c.split = false;
   run_case(c);
+  c.split = true;
+  c.block_entries = 64;
+  c.reference_rounding = true;
+  c.match_unsplit = true;
+  run_case(c);
+  c.block_entries = 0;
+  c.reference_rounding = c.match_unsplit = false;
   if (wgmma_here()) {
     c.split = true;
     c.heads_per_cta = 0;

@@ -134,6 +134,7 @@ class CudaBackend final : public Backend {
   void dense_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,
                    int N, void* y, bool y_f32);
   std::string linear_paths() const;  // for the load log
+  std::string attention_paths() const;
   IndexerWorkspace& indexer_workspace(int queries, int keys);
 
   Stream stream_;

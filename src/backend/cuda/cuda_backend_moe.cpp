@@ -55,11 +55,18 @@ void CudaBackend::prepare_experts(MoeWeights& w, float swiglu_limit) {
     log_info("  FP8 block linears (e4m3 activations per 128) and bf16-weight linears, head and gate: {}; "
              "attention: sparse MLA, {}",
              linear_paths(),
-             std::getenv("DSV4_ATTN_SPLIT") && std::string(std::getenv("DSV4_ATTN_SPLIT")) == "1"
-                 ? std::string(sparse_mla_wgmma_available() ? "split-KV (DSV4_ATTN_SPLIT=1; wgmma from 2 queries at 64 heads)"
-                                                            : "split-KV (DSV4_ATTN_SPLIT=1), mma.sync")
-                 : std::string("mma.sync, one CTA per query and head group, 64-entry softmax blocks"));
+             attention_paths());
   }
+}
+
+std::string CudaBackend::attention_paths() const {
+  const char* e = std::getenv("DSV4_ATTN_SPLIT");
+  const std::string v = e ? e : "1";
+  if (v == "0") return "mma.sync, one CTA per query and head group, 64-entry softmax blocks (DSV4_ATTN_SPLIT=0)";
+  if (v == "plain")
+    return sparse_mla_wgmma_available() ? "split-KV, pieces from their own maximum (DSV4_ATTN_SPLIT=plain; wgmma from 2 queries)"
+                                        : "split-KV, pieces from their own maximum (DSV4_ATTN_SPLIT=plain), mma.sync";
+  return "mma.sync split-KV, each piece from the running maximum before it (a max pass first), 64-entry softmax blocks";
 }
 
 MoeWorkspace& CudaBackend::moe_workspace(const MoeFp4Shape& shape, int tokens, int k) {

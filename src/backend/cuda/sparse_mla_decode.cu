@@ -15,6 +15,9 @@
 // write f32 partials (m, l, acc) and a combine kernel merges them with exp(m_i − m) weights. Both
 // kernels are launched as programmatic dependents (PDL) so their launch latency hides behind the
 // kernel before them; each waits for it before reading anything.
+// With reference_rounding a first launch of the same kernel (max_pass) walks the pieces for their
+// score maxima only, and the second starts each piece from the maximum of the job's earlier pieces,
+// so every block's P is rounded against the running maximum a walk over the whole list has there.
 // kBlock is also the online-softmax block: 64 is the reference's; 32 (small batches: twice the CTAs
 // per list, and the tile that fits sm_120's shared memory) rounds P against a running max that may
 // be updated mid-block, which is within bf16 rounding of the reference, as a split already is.
@@ -149,7 +152,8 @@ __device__ __forceinline__ void combine_head(const KernelParams& p, int heads_pe
 }
 
 // ---- One piece: job × [block_begin, block_end) --------------------------------------------------
-template <int kHeads, int kBlock, int kSplit>
+// kMaxPass: reference_rounding's first launch — the piece's score maxima only (KernelParams).
+template <int kHeads, int kBlock, int kSplit, bool kMaxPass>
 __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int block_begin, int block_end,
                           int partial_slot) {
   using L = Layout<kHeads, kBlock, kSplit>;
@@ -214,6 +218,13 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
   issue_block_load(0);
 
   float m[2] = {-INFINITY, -INFINITY}, l[2] = {0.f, 0.f};
+  if (!kMaxPass && p.reference_rounding && partial_slot >= 0) {
+    // Start from the running maximum of the job's blocks before this piece (the maxima of its earlier
+    // pieces, from the max pass): P then rounds against the maxima a walk over the whole list meets.
+    for (int sl = p.plan.job_first_piece[job]; sl < partial_slot; ++sl)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) m[h] = fmaxf(m[h], p.plan.piece_max[size_t(sl) * kHeads + 16 * r + gid + 8 * h]);
+  }
   float o[L::kDimTiles][4];
 #pragma unroll
   for (int i = 0; i < L::kDimTiles; ++i) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.f;
@@ -301,6 +312,7 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
       alpha[h] = __expf(m[h] - m_use[h]);
       m[h] = m_new;
     }
+    if constexpr (!kMaxPass) {  // the max pass wants the maxima only
     // p in f32 (sum in f32), rounded to bf16 for P·V (SPEC §3.11.6).
     float psum[2] = {0.f, 0.f};
     uint8_t* p_row = smem + L::p + (16 * r + gid) * L::kPRowBytes + (L::kWarpEntries * c + 2 * tig) * 2;
@@ -342,8 +354,14 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
         mma_bf16(o[2 * j + 1], pa, vb[2], vb[3]);
       }
     }
+    }  // !kMaxPass
   }
 
+  if constexpr (kMaxPass) {
+    if (c == 0 && tig == 0)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) p.plan.piece_max[size_t(partial_slot) * kHeads + 16 * r + gid + 8 * h] = m[h];
+  } else {
   // Row sums: the quad, then the group's other warps (the other parts of every block).
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
@@ -400,6 +418,7 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
       }
     }
   }
+}  // !kMaxPass
 }
 
 // sm_120 (RTX PRO 6000) gives a block at most 99 KB of shared memory: configurations that need more
@@ -413,7 +432,7 @@ __device__ constexpr bool fits_this_arch() {
 #endif
 }
 
-template <int kHeads, int kBlock, int kSplit>
+template <int kHeads, int kBlock, int kSplit, bool kMaxPass = false>
 __global__ void __launch_bounds__(Layout<kHeads, kBlock, kSplit>::kThreads, 1)
     sparse_mla_decode_kernel(const KernelParams p) {
   if constexpr (!fits_this_arch<Layout<kHeads, kBlock, kSplit>::bytes>()) {
@@ -427,11 +446,13 @@ __global__ void __launch_bounds__(Layout<kHeads, kBlock, kSplit>::kThreads, 1)
     if (job >= p.jobs) return;
     const int query = job / p.head_groups;
     const int len = p.a.list_lengths ? min(p.a.list_lengths[query], p.a.list_stride) : p.a.list_stride;
-    run_piece<kHeads, kBlock, kSplit>(p, smem, job, 0, max(1, (len + kBlock - 1) / kBlock), -1);
+    run_piece<kHeads, kBlock, kSplit, false>(p, smem, job, 0, max(1, (len + kBlock - 1) / kBlock), -1);
     return;
   }
   sparse_mla_detail::for_each_piece(p, [&](int job, int begin, int end, int slot, bool) {
-    run_piece<kHeads, kBlock, kSplit>(p, smem, job, begin, end, slot);
+    // The max pass skips what no later piece needs: whole jobs and each job's last piece.
+    if (kMaxPass && (slot < 0 || slot == p.plan.job_first_piece[job + 1] - 1)) return;
+    run_piece<kHeads, kBlock, kSplit, kMaxPass>(p, smem, job, begin, end, slot);
   });
   }
 }
@@ -460,13 +481,19 @@ template <int kHeads, int kBlock, int kSplit>
 struct Config {
   using L = Layout<kHeads, kBlock, kSplit>;
   static void launch(int grid, const KernelParams& kp, cudaStream_t stream) {
-    launch_programmatic(sparse_mla_decode_kernel<kHeads, kBlock, kSplit>, dim3(grid), dim3(L::kThreads), L::bytes,
-                        stream, kp);
+    if (kp.max_pass)
+      launch_programmatic(sparse_mla_decode_kernel<kHeads, kBlock, kSplit, true>, dim3(grid), dim3(L::kThreads), L::bytes,
+                          stream, kp);
+    else
+      launch_programmatic(sparse_mla_decode_kernel<kHeads, kBlock, kSplit>, dim3(grid), dim3(L::kThreads), L::bytes,
+                          stream, kp);
   }
   static int ctas_per_sm() {
     const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     if (L::bytes > optin) return 0;  // sparse_mla_select_tile never picks it
     DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_decode_kernel<kHeads, kBlock, kSplit>,
+                                         cudaFuncAttributeMaxDynamicSharedMemorySize, L::bytes));
+    DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_decode_kernel<kHeads, kBlock, kSplit, true>,
                                          cudaFuncAttributeMaxDynamicSharedMemorySize, L::bytes));
     int blocks = 0;
     DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
@@ -526,6 +553,13 @@ void sparse_mla_decode(const SparseMlaPlan& plan, const SparseMlaArgs& args, cud
                   plan.shape().fused_combine};
   kp.jobs = args.num_queries * kp.head_groups;
   const int grid = kp.split ? plan.grid_ctas() : kp.jobs;
+  kp.reference_rounding = kp.split && plan.shape().reference_rounding;
+  if (kp.reference_rounding) {  // mma.sync only (the plan never picks wgmma with it)
+    KernelParams max_pass = kp;
+    max_pass.max_pass = true;
+    with_config(hpc, plan.block_entries(), plan.row_group_warps(),
+                [&](auto config) { config.launch(grid, max_pass, stream); });
+  }
   if (plan.wgmma())
     sparse_mla_detail::sparse_mla_wgmma_launch(grid, kp, stream);
   else

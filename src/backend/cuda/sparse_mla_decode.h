@@ -40,6 +40,12 @@ struct SparseMlaShape {
   // default: on the H200 the separate kernel measured 3.5–4× faster at batch 1–32 and within 5% at
   // 128 (docs/perf/2026-11-29-gpu-check.md).
   bool fused_combine = false;
+  // Split pieces round P as one walk over the whole list would (the reference's online softmax):
+  // a first pass of the same kernel over Q·Kᵀ finds each piece's score maximum, and every piece then
+  // starts from the running maximum of the blocks before it instead of −inf, so each block's P is
+  // rounded to bf16 against the same maximum as in the unsplit kernel. Split-KV with the separate
+  // combine, mma.sync only (the wgmma kernel does not take it).
+  bool reference_rounding = false;
   // Auto: wgmma where it can run (an sm_90 GPU, n_heads 64, split-KV, separate combine, tile not
   // forced to another shape) and max_queries ≥ 2; otherwise mma.sync. Forcing Wgmma where it cannot
   // run is an error.
@@ -97,6 +103,7 @@ class SparseMlaPlan {
                                      // job, partial slot (−1: whole job); job −1: no work
     float* partial_acc;          // [max_pieces, heads_per_cta, 512]
     float2* partial_ml;          // [max_pieces, heads_per_cta] (running max, sum)
+    float* piece_max;            // [max_pieces, heads_per_cta] reference_rounding: each piece's score maximum
     int32_t* job_done;           // [jobs] pieces finished (fused combine); the last CTA resets it to 0
     int num_jobs;
   };
@@ -114,6 +121,7 @@ class SparseMlaPlan {
   DeviceBuffer<int4> cta_first_piece_;
   DeviceBuffer<float> partial_acc_;
   DeviceBuffer<float2> partial_ml_;
+  DeviceBuffer<float> piece_max_;
 };
 
 struct SparseMlaArgs {

@@ -17,6 +17,10 @@ struct KernelParams {
   int jobs;
   bool split;
   bool fused_combine;
+  // reference_rounding (mma.sync): the first launch walks the pieces for their score maxima only
+  // (max_pass); the second starts each piece from the maximum of the pieces before it.
+  bool reference_rounding = false;
+  bool max_pass = false;
 };
 
 // Threads of the separate combine kernel's CTAs (8 warps).

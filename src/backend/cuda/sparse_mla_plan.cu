@@ -148,14 +148,17 @@ SparseMlaTile sparse_mla_select_tile(const SparseMlaShape& shape, const DeviceLi
   // The wgmma kernel: 64 heads × 64-entry blocks, 2 K buffers, one CTA per SM; an sm_90 GPU that
   // runs the sm_90a code (by capability: no other GPU takes it).
   const bool wgmma_runs = limits.is_sm90() && limits.sm90a_code;
-  const bool wgmma_fits = shape.n_heads == 64 && shape.split_kv && !shape.fused_combine &&
+  const bool wgmma_fits = shape.n_heads == 64 && shape.split_kv && !shape.fused_combine && !shape.reference_rounding &&
                           (shape.heads_per_cta == 0 || shape.heads_per_cta == 64) &&
                           (shape.block_entries == 0 || shape.block_entries == 64) && shape.row_group_warps == 0;
   if (shape.kernel == SparseMlaKernel::Wgmma) {
     DSV4_CHECK(wgmma_runs, "sparse MLA: the wgmma kernel needs an sm_90 GPU and a build with sm_90a");
     DSV4_CHECK(wgmma_fits,
-               "sparse MLA: the wgmma kernel takes 64 heads in 64-head × 64-entry tiles, split-KV, separate combine");
+               "sparse MLA: the wgmma kernel takes 64 heads in 64-head × 64-entry tiles, split-KV, separate combine, "
+               "no reference rounding");
   }
+  DSV4_CHECK(!shape.reference_rounding || (shape.split_kv && !shape.fused_combine),
+             "sparse MLA: reference rounding is a mode of split-KV with the separate combine");
   // Auto from 2 queries: on the H200 the wgmma kernel measured 12.0 µs against 13.0 (mma.sync, 32 heads
   // × 32 entries) at 2 queries and 16.3 against 19.9 at 8; at 1 query both are ~11.8 µs
   // (docs/perf/2026-11-30-sparse-mla-wgmma.md).
@@ -264,6 +267,7 @@ SparseMlaPlan::SparseMlaPlan(const SparseMlaShape& shape) : shape_(shape) {
     const size_t max_pieces = size_t(grid_ctas_) + num_jobs_;
     partial_acc_ = DeviceBuffer<float>(max_pieces * heads_per_cta_ * kl::kHeadDim);
     partial_ml_ = DeviceBuffer<float2>(max_pieces * heads_per_cta_);
+    if (shape.reference_rounding) piece_max_ = DeviceBuffer<float>(max_pieces * heads_per_cta_);
   }
 }
 
@@ -278,7 +282,8 @@ void SparseMlaPlan::compute(const int32_t* list_lengths, int num_queries, int li
 
 SparseMlaPlan::View SparseMlaPlan::view() const {
   return View{meta_.get(),        job_unit_start_.get(), job_first_piece_.get(), cta_first_piece_.get(),
-              partial_acc_.get(), partial_ml_.get(),     job_done_.get(),        num_jobs_};
+              partial_acc_.get(), partial_ml_.get(),     piece_max_.get(),       job_done_.get(),
+              num_jobs_};
 }
 
 void build_sparse_mla_lists(const SparseMlaListArgs& args, cudaStream_t stream) {
