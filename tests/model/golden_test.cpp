@@ -163,6 +163,29 @@ class ForcedMoePath : public ::testing::Test {
   void TearDown() override { unsetenv("DSV4_MOE_PATH"); }
 };
 TEST_F(ForcedMoePath, EndToEndW4a16) { check_end_to_end(kTinyA, "mxfp4_w4a16"); }
+
+// The fixture's lists (≤ 144 entries) run unsplit by default; forcing split-KV runs every
+// attention through the pieces that start from the running maximum before them (the path long
+// lists take), with the same thresholds.
+class ForcedSplitAttention : public ::testing::Test {
+ protected:
+  void SetUp() override { setenv("DSV4_ATTN_SPLIT", "1", 1); }
+  void TearDown() override { unsetenv("DSV4_ATTN_SPLIT"); }
+};
+TEST_F(ForcedSplitAttention, EndToEnd) { check_end_to_end(kTinyA, "mxfp4_split_attention"); }
+TEST_F(ForcedSplitAttention, LayerCheck) {
+  std::string out = fresh_dir("layer_check_split") + "/out.safetensors";
+  CommandResult run = run_dsv4("layer-check --model " + kTinyA + " --golden " + kGolden + " --output " + out + " --backend cuda");
+  ASSERT_EQ(run.rc, 0) << run.out;
+  EXPECT_NE(run.out.find("split-KV at every list"), std::string::npos) << "the load log must name the forced path";
+  SafetensorsFile ours(out), gold(kGolden);
+  for (int i = 0; gold.tensors().count("layer_out." + std::to_string(i)); ++i) {
+    const std::string name = "layer_out." + std::to_string(i);
+    Stats s = compare(ours.tensors().at(name), gold.tensors().at(name));
+    std::printf("%s (split attention): rel RMS %.3e (limit 3e-2)\n", name.c_str(), s.rel_rms);
+    EXPECT_LT(s.rel_rms, 0.03) << name;
+  }
+}
 TEST_F(ForcedMoePath, LayerCheckW4a16) {
   std::string out = fresh_dir("layer_check_w4a16") + "/out.safetensors";
   CommandResult run = run_dsv4("layer-check --model " + kTinyA + " --golden " + kGolden + " --output " + out + " --backend cuda");

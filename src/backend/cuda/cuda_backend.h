@@ -128,7 +128,7 @@ class CudaBackend final : public Backend {
   // Memory that outlives steps (cache pools, compressor state): owned, never from the tensor pool,
   // so no address a recorded step uses as scratch is ever handed to state (DESIGN §3.2).
   Tensor alloc_state(DType dtype, std::vector<int64_t> shape);
-  SparseMlaPlan& attention_plan(int queries, int heads);
+  SparseMlaPlan& attention_plan(int queries, int heads, int list_len);
   // The bf16-weight linears (linear_bf16w's arguments): cuBLASLt where the path mode and the rows
   // choose it and it can run the shape with bf16 x, else the CUDA-core kernel.
   void dense_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,
@@ -141,7 +141,7 @@ class CudaBackend final : public Backend {
   std::shared_ptr<DeviceMemoryPool> memory_;
   uint64_t epoch_ = 0;  // recording_epoch: bumped where memory a recording may address is replaced
   std::vector<DeviceBuffer<uint8_t>> weights_;  // placed weights, alive as long as the backend
-  std::map<std::pair<int, int>, std::unique_ptr<SparseMlaPlan>> plans_;
+  std::map<std::tuple<int, int, bool>, std::unique_ptr<SparseMlaPlan>> plans_;  // (query bucket, heads, split)
   std::unique_ptr<IndexerWorkspace> indexer_ws_;
   MoeWorkspace& moe_workspace(const MoeFp4Shape& shape, int tokens, int k);
   // One scratch per expert shape, shared by the layers (they run one after another on the stream).

@@ -78,29 +78,34 @@ Tensor CudaBackend::step_indices(const StepIndexArgs& args) {
   return out;
 }
 
-SparseMlaPlan& CudaBackend::attention_plan(int queries, int heads) {
-  // One plan per power-of-two query bucket: a plan sizes its partials for its maximum.
+SparseMlaPlan& CudaBackend::attention_plan(int queries, int heads, int list_len) {
+  // One plan per power-of-two query bucket (a plan sizes its partials for its maximum) and mode.
   const int bucket = int(std::bit_ceil(unsigned(std::max(queries, 1))));
-  auto& plan = plans_[{bucket, heads}];
+  // Split-KV with the reference's rounding where it pays: the reference's online softmax rounds
+  // each block's P to bf16 relative to the running maximum over all earlier blocks; split pieces
+  // that started from their own maximum moved chaotic fixture layers from 0.7% to 1.6% (whole
+  // prompt) and 3.1% (decode) against the golden streams, past the 3% tolerance
+  // (docs/perf/2026-12-01-cuda-forward.md), so every piece starts from the maximum of the blocks
+  // before it (a first pass over Q·Kᵀ, SparseMlaShape::reference_rounding). That costs a launch:
+  // on the H200 it won for long lists at few queries (640 entries: 75 → 30 µs at 1 query, 80 → 50
+  // at 16) and lost for 128–160 entries (21 → 28 µs at 1) and at 64 queries (81 → 89 µs), so it
+  // runs for lists of more than 256 entries at up to 16 queries (docs/perf/2026-12-01-split-attention.md).
+  // DSV4_ATTN_SPLIT=0 | 1 | plain: never split | always (reference rounding) | always, pieces from
+  // their own maximum (measurements).
+  bool split = list_len > 256 && bucket <= 16, reference_rounding = true;
+  if (const char* e = std::getenv("DSV4_ATTN_SPLIT")) {
+    const std::string v = e;
+    DSV4_CHECK(v == "0" || v == "1" || v == "plain", "DSV4_ATTN_SPLIT={}: expected 0, 1 or plain", v);
+    split = v != "0";
+    reference_rounding = v == "1";
+  }
+  auto& plan = plans_[{bucket, heads, split}];
   if (!plan) {
     SparseMlaShape shape;
     shape.max_queries = bucket;
     shape.n_heads = heads;
-    // Split-KV with the reference's rounding: the reference's online softmax rounds each block's P
-    // to bf16 relative to the running maximum over all earlier blocks; split pieces that started
-    // from their own maximum moved chaotic fixture layers from 0.7% to 1.6% (whole prompt) and 3.1%
-    // (decode) against the golden streams, past the 3% tolerance (docs/perf/2026-12-01-cuda-forward.md),
-    // so every piece starts from the maximum of the blocks before it (a first pass over Q·Kᵀ,
-    // SparseMlaShape::reference_rounding). DSV4_ATTN_SPLIT=0: one CTA per (query, head group) over
-    // its whole list; =plain: pieces from their own maximum (for measurements).
-    shape.split_kv = true;
-    shape.reference_rounding = true;
-    if (const char* e = std::getenv("DSV4_ATTN_SPLIT")) {
-      const std::string v = e;
-      DSV4_CHECK(v == "0" || v == "1" || v == "plain", "DSV4_ATTN_SPLIT={}: expected 0, 1 or plain", v);
-      shape.split_kv = v != "0";
-      shape.reference_rounding = v == "1";
-    }
+    shape.split_kv = split;
+    shape.reference_rounding = split && reference_rounding;
     // Softmax blocks of 64 list positions, the reference's (SPEC §3.6; the bf16 rounding of P is
     // relative to each block's running maximum, so 32-entry blocks round differently — on the
     // fixtures enough to move a chaotic layer past the golden tolerance). Only where no 64-entry
@@ -140,7 +145,7 @@ Tensor CudaBackend::sparse_attention(const Tensor& q, int n_heads, int head_dim,
     DSV4_CUDA_CHECK(cudaMemcpyAsync(sinkp.data, sink, size_t(n_heads) * 4, cudaMemcpyDeviceToDevice, stream()));
     sink_used = sinkp.ptr<float>();
   }
-  SparseMlaPlan& plan = attention_plan(int(T), heads);
+  SparseMlaPlan& plan = attention_plan(int(T), heads, list_len);
   plan.compute(nullptr, int(T), list_len, stream());
   SparseMlaArgs a;
   a.q = reinterpret_cast<const __nv_bfloat16*>(qp.data);

@@ -61,12 +61,14 @@ void CudaBackend::prepare_experts(MoeWeights& w, float swiglu_limit) {
 
 std::string CudaBackend::attention_paths() const {
   const char* e = std::getenv("DSV4_ATTN_SPLIT");
-  const std::string v = e ? e : "1";
+  const std::string v = e ? e : "";
+  if (v == "1") return "mma.sync split-KV at every list, each piece from the running maximum before it (DSV4_ATTN_SPLIT=1)";
   if (v == "0") return "mma.sync, one CTA per query and head group, 64-entry softmax blocks (DSV4_ATTN_SPLIT=0)";
   if (v == "plain")
     return sparse_mla_wgmma_available() ? "split-KV, pieces from their own maximum (DSV4_ATTN_SPLIT=plain; wgmma from 2 queries)"
                                         : "split-KV, pieces from their own maximum (DSV4_ATTN_SPLIT=plain), mma.sync";
-  return "mma.sync split-KV, each piece from the running maximum before it (a max pass first), 64-entry softmax blocks";
+  return "mma.sync, 64-entry softmax blocks; lists over 256 entries at up to 16 queries split-KV, each piece from the "
+         "running maximum before it (a max pass first), else one CTA per query and head group";
 }
 
 MoeWorkspace& CudaBackend::moe_workspace(const MoeFp4Shape& shape, int tokens, int k) {
