@@ -1,6 +1,7 @@
 // `dsv4 serve`: the OpenAI-compatible HTTP server (serve/http/server.h) on a model directory.
 #include <CLI/CLI.hpp>
 
+#include "commands/cli_options.h"
 #include "commands/commands.h"
 #include "commands/golden_commands.h"
 #include "serve/http/server.h"
@@ -11,6 +12,7 @@ void add_serve_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("serve", "Serve a model over an OpenAI-compatible HTTP API");
   auto o = std::make_shared<serve::ServerOptions>();
   auto backend = std::make_shared<std::string>("cpu");
+  auto parallel = std::make_shared<ParallelOptions>();
   cmd->add_option("--model", o->model_dir, "Checkpoint directory (config.json + safetensors, tokenizer.json)")->required();
   cmd->add_option("--host", o->host, "Address to listen on (loopback by default; 0.0.0.0 for every interface)")
       ->capture_default_str();
@@ -28,6 +30,7 @@ void add_serve_command(CLI::App& app) {
       ->check(CLI::Range(int64_t(0), int64_t(1) << 40))->capture_default_str();
   cmd->add_option("--tokenizer", o->engine.tokenizer, "tokenizer.json or its directory (default: the model directory's)");
   cmd->add_option("--backend", *backend, "Compute backend: cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  add_parallel_options(cmd, *parallel);
   cmd->add_option("--max-request-bytes", o->max_request_bytes, "Largest request body; larger ones get 413")
       ->check(CLI::Range(size_t(1024), size_t(1) << 34))->capture_default_str();
   cmd->add_option("--http-threads", o->http_threads, "Connections served at once (each holds a thread while open)")
@@ -35,11 +38,17 @@ void add_serve_command(CLI::App& app) {
   // Tests of the loading state (GET /health is 503 until the model is loaded); not for users.
   cmd->add_option("--startup-delay", o->startup_delay_seconds, "Seconds to wait before loading the model")
       ->check(CLI::Range(0.0, 3600.0))->group("");
-  cmd->callback([o, backend] {
+  cmd->callback([o, backend, parallel] {
     o->engine.model_dir = o->model_dir;
-    const int rc = serve::run_server(*o, [o, backend] {
+    check_parallel_options(o->model_dir, *parallel);
+    const int rc = serve::run_server(*o, [o, backend, parallel]() -> serve::ServedModel {
+      // Split: the ranks are threads of this process, each with its backend; the engine (on this
+      // thread) drives them as one model.
+      if (parallel->tensor_parallel_size > 1)
+        return {nullptr, load_parallel_model(o->model_dir, *backend,
+                                             {parallel->tensor_parallel_size, parallel->expert_parallel})};
       LoadedModel loaded = load_model(o->model_dir, *backend);
-      return serve::ServedModel{std::move(loaded.backend), std::move(loaded.model)};
+      return {std::move(loaded.backend), std::move(loaded.model)};
     });
     if (rc != 0) throw CLI::RuntimeError(rc);
   });

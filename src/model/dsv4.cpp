@@ -215,6 +215,13 @@ void Dsv4Model::free_sequence(SeqId id) {
 
 int64_t Dsv4Model::position(SeqId id) const { return seqs_.at(size_t(id))->pos; }
 
+void Dsv4Model::set_cache_capacity(int64_t kv_pages, int64_t key_pages) {
+  for (int l = 0; l < config().n_layers; ++l) {
+    caches_[size_t(l)]->kv.set_capacity(kv_pages);
+    caches_[size_t(l)]->keys.set_capacity(key_pages);
+  }
+}
+
 Tensor Dsv4Model::embed_streams(const StepPlan& plan) {
   // Every hyper-connection stream starts as the token's embedding (SPEC §3.1): one gather of the
   // embedding row per stream row.

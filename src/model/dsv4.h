@@ -12,11 +12,10 @@
 #include "backend/communicator.h"
 #include "model/weights.h"
 #include "model/kv_pool.h"
+#include "model/serving_model.h"
 #include "model/step_plan.h"
 
 namespace dsv4 {
-
-using SeqId = int32_t;
 
 // RoPE frequencies for one layer kind (SPEC §2.8): YaRN only for compressed layers.
 RopeTable make_rope_table(const ModelConfig& c, bool compressed_layer);
@@ -65,25 +64,28 @@ struct StepResult {
 enum class DecodeGraphs { Off, Pad, Record };
 inline constexpr int kDecodeBuckets[] = {1, 2, 4, 8, 16, 32, 64, 128, 256};
 
-class Dsv4Model {
+class Dsv4Model : public ServingModel {
  public:
   // With a communicator of world > 1 this is one rank of a tensor-parallel model
   // (model/tensor_parallel_model.h): `weights` are the rank's share (weights->layout), and the
   // forward sums the ranks' partial outputs where a split op ends. Null = the whole model.
   Dsv4Model(std::unique_ptr<ModelWeights> weights, Backend& backend, Communicator* comm = nullptr);
-  ~Dsv4Model();
+  ~Dsv4Model() override;
 
-  const ModelConfig& config() const { return weights_->config; }
+  const ModelConfig& config() const override { return weights_->config; }
+  int layer_ratio(int layer) const override { return weights_->blocks.at(size_t(layer)).ratio; }
+  void set_cache_capacity(int64_t kv_pages, int64_t key_pages) override;
+  const LayerCaches& layer_caches(int layer) const override { return *caches_.at(size_t(layer)); }
   const ModelWeights& weights() const { return *weights_; }
   Backend& backend() { return backend_; }
 
-  SeqId new_sequence();
-  void free_sequence(SeqId id);
+  SeqId new_sequence() override;
+  void free_sequence(SeqId id) override;
   int64_t position(SeqId id) const;
 
   // One forward step over the batch; every item's start position is its sequence's position.
   // = finish_step(plan_step(batch), run_step(plan), batch).
-  StepOutput step(const std::vector<BatchItem>& batch);
+  StepOutput step(const std::vector<BatchItem>& batch) override;
   // Its three parts: the host's work before (validation, pages, the descriptor upload), the
   // backend's work (enqueued only: no host read, no synchronisation — it can be recorded and
   // replayed), and the host's work after (reading tokens and logits, advancing positions).

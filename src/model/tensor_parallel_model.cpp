@@ -119,6 +119,10 @@ SeqId TensorParallelModel::new_sequence() {
   return ids[0];
 }
 
+void TensorParallelModel::set_cache_capacity(int64_t kv_pages, int64_t key_pages) {
+  on_every_rank([&](int r) { ranks_[size_t(r)]->model->set_cache_capacity(kv_pages, key_pages); });
+}
+
 void TensorParallelModel::free_sequence(SeqId id) {
   on_every_rank([&](int r) { ranks_[size_t(r)]->model->free_sequence(id); });
 }

@@ -1,8 +1,8 @@
 // One model run on several ranks at once (docs/ARCHITECTURE.md "Tensor parallelism"): each rank is
 // a thread with its own backend, its share of the weights (model/parallel_layout.h) and its own
 // Dsv4Model, the ranks summing partial outputs through a communicator. step() takes the batch
-// Dsv4Model::step takes and returns rank 0's output, so a command — and later the engine — drives
-// it as one model.
+// Dsv4Model::step takes and returns rank 0's output, so a command or the engine (ServingModel)
+// drives it as one model.
 //
 // Every rank runs the host side of each step itself (validation, pages, the descriptor): given the
 // same calls in the same order the ranks' sequences and pages stay identical, so only the
@@ -24,7 +24,7 @@
 
 namespace dsv4 {
 
-class TensorParallelModel {
+class TensorParallelModel : public ServingModel {
  public:
   struct Options {
     int world = 1;                 // --tensor-parallel-size
@@ -34,19 +34,22 @@ class TensorParallelModel {
   // (each rank binds only its share). The CPU workers are divided among the ranks. world = 1 is
   // the plain model, run on the caller's thread.
   TensorParallelModel(const std::string& dir, const std::string& backend_name, Options options);
-  ~TensorParallelModel();
+  ~TensorParallelModel() override;
 
   int world_size() const { return options_.world; }
   bool expert_parallel() const { return options_.expert_parallel; }
-  const ModelConfig& config() const { return ranks_[0]->model->config(); }
+  const ModelConfig& config() const override { return ranks_[0]->model->config(); }
+  int layer_ratio(int layer) const override { return ranks_[0]->model->layer_ratio(layer); }
+  void set_cache_capacity(int64_t kv_pages, int64_t key_pages) override;  // every rank's
+  const LayerCaches& layer_caches(int layer) const override { return ranks_[0]->model->layer_caches(layer); }
   Dsv4Model& rank_model(int rank) { return *ranks_.at(size_t(rank))->model; }
   Backend& rank_backend(int rank) { return *ranks_.at(size_t(rank))->backend; }
 
-  SeqId new_sequence();
-  void free_sequence(SeqId id);
+  SeqId new_sequence() override;
+  void free_sequence(SeqId id) override;
   int64_t position(SeqId id) const { return ranks_[0]->model->position(id); }
   // One step on every rank; rank 0's output.
-  StepOutput step(const std::vector<BatchItem>& batch);
+  StepOutput step(const std::vector<BatchItem>& batch) override;
 
   // Runs fn(rank) on every rank's thread at once and waits for all of them. A rank that throws
   // aborts the collectives the others wait in; the first failure (not an abandoned collective) is

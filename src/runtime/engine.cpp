@@ -29,7 +29,7 @@ void RequestStream::push(Event e) {
   ready_.notify_all();
 }
 
-Engine::Engine(Dsv4Model& model, EngineConfig config)
+Engine::Engine(ServingModel& model, EngineConfig config)
     : model_(model), config_(std::move(config)), scheduler_(model_, config_.scheduler) {
   refresh_stats();
   thread_ = std::thread([this] { loop(); });

@@ -83,7 +83,7 @@ struct EngineConfig {
 class Engine {
  public:
   // The engine uses `model` from its own thread until shutdown: nobody else may touch it meanwhile.
-  Engine(Dsv4Model& model, EngineConfig config);
+  Engine(ServingModel& model, EngineConfig config);
   ~Engine();  // shutdown(Shutdown::Cancel)
   Engine(const Engine&) = delete;
   Engine& operator=(const Engine&) = delete;
@@ -114,7 +114,7 @@ class Engine {
   void finish_all(FinishReason reason, const std::string& message);
   void refresh_stats();
 
-  Dsv4Model& model_;
+  ServingModel& model_;
   EngineConfig config_;
   Scheduler scheduler_;  // engine thread only
 

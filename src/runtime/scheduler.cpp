@@ -6,7 +6,7 @@
 
 namespace dsv4 {
 
-Scheduler::Scheduler(Dsv4Model& model, SchedulerConfig config) : model_(model), config_(std::move(config)) {
+Scheduler::Scheduler(ServingModel& model, SchedulerConfig config) : model_(model), config_(std::move(config)) {
   const ModelConfig& c = model_.config();
   DSV4_CHECK(config_.max_num_seqs >= 1, "max_num_seqs must be ≥ 1, got {}", config_.max_num_seqs);
   // Every running sequence decodes one token per step, so the budget must hold them all.
@@ -14,11 +14,8 @@ Scheduler::Scheduler(Dsv4Model& model, SchedulerConfig config) : model_(model), 
              "max_num_batched_tokens ({}) must be ≥ max_num_seqs ({})", config_.max_num_batched_tokens,
              config_.max_num_seqs);
   if (config_.eos_token_ids.empty()) config_.eos_token_ids = {c.eos_token_id};
-  for (int l = 0; l < c.n_layers; ++l) {
-    ratios_.push_back(model_.weights().blocks[size_t(l)].ratio);
-    model_.caches(l).kv.set_capacity(config_.kv_pages_per_layer);
-    model_.caches(l).keys.set_capacity(config_.key_pages_per_layer);
-  }
+  for (int l = 0; l < c.n_layers; ++l) ratios_.push_back(model_.layer_ratio(l));
+  model_.set_cache_capacity(config_.kv_pages_per_layer, config_.key_pages_per_layer);
   reserved_.assign(ratios_.size(), LayerPages{});
 }
 
@@ -149,7 +146,7 @@ CacheUsage Scheduler::cache_usage() const {
   CacheUsage u;
   bool bounded = config_.kv_pages_per_layer > 0 && config_.key_pages_per_layer > 0;
   for (size_t l = 0; l < ratios_.size(); ++l) {
-    const LayerCaches& lc = model_.caches(int(l));
+    const LayerCaches& lc = model_.layer_caches(int(l));
     u.pages_in_use += lc.kv.pages_in_use() + lc.keys.pages_in_use();
     if (bounded) u.capacity += lc.kv.capacity() + (ratios_[l] == 4 ? lc.keys.capacity() : 0);
   }

@@ -43,7 +43,7 @@ struct CacheUsage {
 class Scheduler {
  public:
   // Applies the page capacities to the model's pools.
-  Scheduler(Dsv4Model& model, SchedulerConfig config);
+  Scheduler(ServingModel& model, SchedulerConfig config);
 
   // Throws Error when the request can never run here (its worst case exceeds an empty cache).
   void check_fits(const Sequence& seq) const;
@@ -72,7 +72,7 @@ class Scheduler {
   void admit(const std::shared_ptr<Sequence>& seq);
   void release(Sequence& seq);  // frees the model sequence and the reservation
 
-  Dsv4Model& model_;
+  ServingModel& model_;
   SchedulerConfig config_;
   std::vector<int> ratios_;                   // per main layer
   std::deque<std::shared_ptr<Sequence>> waiting_;

@@ -292,6 +292,25 @@ describe('dsv4 serve with --api-key', () => {
   });
 });
 
+describe('dsv4 serve --tensor-parallel-size 2', () => {
+  test('the engine drives the model split over two ranks: completions stream and finish as on one', async () => {
+    const server = await startServer(['--tensor-parallel-size', '2', '--max-model-len', '256']);
+    try {
+      const api = client(server);
+      const done = await api.completions.create({ model: 'tiny', prompt: 'Hello there', max_tokens: 6, temperature: 0 });
+      assert.equal(done.usage.completion_tokens, 6);
+      assert.equal(done.choices[0].finish_reason, 'length');
+      let chunks = 0;
+      const stream = await api.chat.completions.create({ model: 'tiny', messages: user('hi'), max_tokens: 4, stream: true });
+      for await (const chunk of stream) chunks += chunk.choices.length ? 1 : 0;
+      assert.ok(chunks >= 1);
+      await waitIdle(server);
+    } finally {
+      assert.equal(await server.stop(), 0);
+    }
+  });
+});
+
 describe('dsv4 serve while the model loads', () => {
   test('listens first: /health and the API are 503 until the model is loaded, then 200', async () => {
     const server = await startServer(['--startup-delay', '3', '--max-model-len', '256'], { healthy: false });

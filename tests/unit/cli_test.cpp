@@ -93,6 +93,9 @@ TEST(Cli, TensorParallelSizeMustSplitTheModel) {
   expect_result(dsv4("logits --model " + kModel + " --input x --output-dir y --tensor-parallel-size 3"), 2,
                 {"does not divide the model's 4 attention heads", "see 'dsv4 logits --help'"});
   expect_result(dsv4(lc + " --tensor-parallel-size 2 --backend cuda"), 1, {"error: --backend cuda: "});
+  expect_result(dsv4("serve --help"), 0, {"--tensor-parallel-size INT:1 to 256=1", "--expert-parallel"});
+  expect_result(dsv4("serve --model " + kModel + " --port 0 --tensor-parallel-size 3"), 2,
+                {"does not divide the model's 4 attention heads", "see 'dsv4 serve --help'"});
 }
 
 TEST(Cli, ErrorsNameTheRealProblem) {

@@ -10,11 +10,11 @@ namespace dsv4::serve {
 
 namespace fs = std::filesystem;
 
-CachePages default_cache_pages(const Dsv4Model& model, int64_t max_model_len, int max_num_seqs, int64_t max_num_batched_tokens) {
+CachePages default_cache_pages(const ServingModel& model, int64_t max_model_len, int max_num_seqs, int64_t max_num_batched_tokens) {
   const ModelConfig& c = model.config();
   CachePages most;
   for (int l = 0; l < c.n_layers; ++l) {
-    LayerPages one = sequence_layer_pages(model.weights().blocks[size_t(l)].ratio, c.window, max_model_len);
+    LayerPages one = sequence_layer_pages(model.layer_ratio(l), c.window, max_model_len);
     most.kv = std::max(most.kv, one.kv);
     most.keys = std::max(most.keys, one.keys);
   }

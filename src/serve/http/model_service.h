@@ -16,8 +16,8 @@
 namespace dsv4::serve {
 
 struct ServedModel {
-  std::unique_ptr<Backend> backend;
-  std::unique_ptr<Dsv4Model> model;
+  std::unique_ptr<Backend> backend;    // the model's, when it runs on one (null: it owns its ranks')
+  std::unique_ptr<ServingModel> model;  // Dsv4Model, or TensorParallelModel
 };
 // Loads the weights onto a backend (the serve command passes the same loader the other model
 // commands use, so the load log is the same).
@@ -75,6 +75,6 @@ class ModelService {
 struct CachePages {
   int64_t kv = 0, keys = 0;
 };
-CachePages default_cache_pages(const Dsv4Model& model, int64_t max_model_len, int max_num_seqs, int64_t max_num_batched_tokens);
+CachePages default_cache_pages(const ServingModel& model, int64_t max_model_len, int max_num_seqs, int64_t max_num_batched_tokens);
 
 }  // namespace dsv4::serve
