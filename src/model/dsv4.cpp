@@ -134,19 +134,22 @@ void Dsv4Model::plan_next_step(const std::vector<BatchItem>& batch, int bucket) 
   for (auto& item : batch) end = std::max(end, seqs_[size_t(item.seq)]->pos + 2);
   const int64_t bound = std::max<int64_t>(1024, int64_t(std::bit_ceil(uint64_t(end))));
   if (bound > c.max_position_embeddings) return;
+  Tensor descriptor;
+  if (graph_mode_ == DecodeGraphs::Record) {
+    // Only for a shape that replays (checked before any planning work): its first steps run as
+    // called and size its buffers.
+    auto it = graphs_.find({bucket, bound});
+    if (it == graphs_.end() || it->second->warm_steps < 2 || it->second->failures >= 3 || !it->second->descriptor.data)
+      return;
+    descriptor = it->second->descriptor;  // refilled after this step's replay read it (stream order)
+  }
   PlanRequest rq;
   {
     std::vector<BatchItem> next;
     for (auto& item : batch) next.push_back({item.seq, {0}});  // token ids come with the step
     rq = fixed_request(next, bucket, bound, 1);
   }
-  if (graph_mode_ == DecodeGraphs::Record) {
-    // Only for a shape that replays: its first steps run as called and size its buffers.
-    auto it = graphs_.find({bucket, bound});
-    if (it == graphs_.end() || it->second->warm_steps < 2 || it->second->failures >= 3 || !it->second->descriptor.data)
-      return;
-    rq.descriptor = it->second->descriptor;  // refilled after this step's replay read it (stream order)
-  }
+  rq.descriptor = descriptor;
   auto np = std::make_unique<NextPlan>();
   np->bucket = bucket, np->bound = bound;
   for (size_t i = 0; i < batch.size(); ++i) {
