@@ -229,10 +229,16 @@ std::vector<KernelLaunch> sparse_mla_kernel_launches(const DeviceLimits& limits)
                 } catch (const Error&) {
                   continue;
                 }
-                add({t.wgmma ? std::string("sparse_mla_wgmma_kernel")
-                             : fmt::format("sparse_mla_decode_kernel<{}, {}, {}>", t.heads_per_cta, t.block_entries,
-                                           t.row_group_warps),
-                     t.threads, t.smem_bytes});
+                if (t.wgmma) {
+                  add({"sparse_mla_wgmma_kernel", t.threads, t.smem_bytes});
+                  continue;
+                }
+                // Each mma.sync tile has its reference-rounding max pass beside it, launched with the same
+                // block and shared memory.
+                for (const char* max_pass : {"false", "true"})
+                  add({fmt::format("sparse_mla_decode_kernel<{}, {}, {}, {}>", t.heads_per_cta, t.block_entries,
+                                   t.row_group_warps, max_pass),
+                       t.threads, t.smem_bytes});
               }
   add({"sparse_mla_combine_kernel<1>", sparse_mla_detail::kCombineThreads, 0});
   add({"sparse_mla_combine_kernel<4>", sparse_mla_detail::kCombineThreads, 0});
