@@ -8,7 +8,7 @@ build=${1:-build-gpu}
 cmake -S . -B "$build" -DDSV4_CUDA=ON -DCMAKE_BUILD_TYPE=Release ${DSV4_CMAKE_ARGS:-} >/dev/null
 targets=(dsv4)
 for t in tests/ops/*_gpu_test.cu; do [ -e "$t" ] && targets+=("$(basename "$t" .cu)"); done
-targets+=(golden_gpu_test)  # the golden checks through the dsv4 commands with --backend cuda
+targets+=(golden_gpu_test golden_tp_gpu_test)  # the golden checks through the dsv4 commands with --backend cuda (split over two ranks)
 cmake --build "$build" -j"$(nproc)" --target "${targets[@]}"
 rm -rf gpu-bin && mkdir -p gpu-bin
 cp "$build/src/dsv4" gpu-bin/

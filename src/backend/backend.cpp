@@ -19,16 +19,6 @@ int Backend::mark() {
 double Backend::elapsed_ms(int from, int to) { return host_marks_ms_.at(size_t(to)) - host_marks_ms_.at(size_t(from)); }
 void Backend::clear_marks() { host_marks_ms_.clear(); }
 
-Tensor Backend::linear_partial(const Tensor&, const LinearWeight& w) {
-  fail("the {} backend cannot run a tensor-parallel model yet (no linear_partial for {})", name(), w.name);
-}
-Tensor Backend::moe_expert_partials(const Tensor&, const Routing&, const MoeWeights&, float) {
-  fail("the {} backend cannot run a tensor-parallel model yet (no moe_expert_partials)", name());
-}
-Tensor Backend::moe_combine(const Tensor&, const Routing&) {
-  fail("the {} backend cannot run a tensor-parallel model yet (no moe_combine)", name());
-}
-
 Tensor upload_i32(Backend& be, const std::vector<int32_t>& values) {
   return be.from_host(DType::I32, {int64_t(values.size())}, values.data());
 }

@@ -225,20 +225,19 @@ class Backend {
 
   // Tensor parallelism (docs/ARCHITECTURE.md "Tensor parallelism"): what a rank computes before
   // the one bf16 rounding of a split op, so the ranks' f32 partials are summed (all-reduce) and
-  // rounded once, as the unsplit op rounds. The defaults fail: a backend that runs a split model
-  // implements them (the CPU backend does; the CUDA twins are still to be written).
+  // rounded once, as the unsplit op rounds.
   // linear's f32 result before its bf16 rounding (the same per-block sums): F32 [rows, w.out].
-  virtual Tensor linear_partial(const Tensor& x, const LinearWeight& w);
+  virtual Tensor linear_partial(const Tensor& x, const LinearWeight& w) = 0;
   // This rank's part of the MoE (SPEC §3.7) before any rounding: F32 [T, k + 1, D]. Slot j < k:
   // routed pair (t, j)'s w2 output — the rank's partial over its slice of the intermediate
   // dimension, the whole product where the rank holds that expert (w.expert_begin …), 0 where it
   // does not. Slot k: the shared expert's partial. Summed over the ranks, each slot is the f32
   // value the unsplit op rounds to bf16.
-  virtual Tensor moe_expert_partials(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit);
+  virtual Tensor moe_expert_partials(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) = 0;
   // The summed partials → bf16 [T, D], as moe_experts ends: every slot rounded to bf16 (the
   // reference's y_e), routed slots summed in f32 in expert-id order, then the shared expert,
   // rounded once. moe_combine(moe_expert_partials(...)) on unsplit weights = moe_experts, bit for bit.
-  virtual Tensor moe_combine(const Tensor& partials, const Routing& r);
+  virtual Tensor moe_combine(const Tensor& partials, const Routing& r) = 0;
 
   // Head.
   virtual Tensor logits(const Tensor& h, const uint16_t* head, int vocab) = 0;  // f32 [T, V]
@@ -261,7 +260,9 @@ class Backend {
   std::vector<double> host_marks_ms_;
 };
 
-std::unique_ptr<Backend> make_backend(const std::string& name);  // "cpu" | "cuda"
+// "cpu" | "cuda"; `device`: the GPU of a CUDA backend (a tensor-parallel rank's), made the calling
+// thread's current device.
+std::unique_ptr<Backend> make_backend(const std::string& name, int device = 0);
 // Why `--backend cuda` cannot run here, as one line for the user ("" when it can): this build has
 // no CUDA backend, or no CUDA device is visible (with the driver's reason, never a source path).
 std::string cuda_unavailable_reason();

@@ -22,7 +22,7 @@ void random_fill_reference(const RandomFill& f, void* dst, int64_t n) {
   }
   auto fill = [&](auto&& value_of) {
     parallel_for(n, [&](int64_t i0, int64_t i1) {
-      for (int64_t i = i0; i < i1; ++i) value_of(i, random_mix(f.stream ^ uint64_t(i) * kRandomFillIndexMix));
+      for (int64_t i = i0; i < i1; ++i) value_of(i, random_fill_number(f, i));
     });
   };
   // The product is rounded before the sum (volatile: no contraction into an FMA), as the device does.

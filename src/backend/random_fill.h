@@ -20,6 +20,10 @@ struct RandomFill {
   uint64_t stream = 0;
   float mean = 0, amp = 0;
   uint8_t byte = 0;
+  // A window of a larger 2-D tensor (a tensor-parallel rank's slice, made without the rest):
+  // element i is element (row0 + i / cols) · source_cols + col0 + i % cols of the whole tensor.
+  // cols = 0: the whole tensor (element i is i).
+  int64_t cols = 0, source_cols = 0, row0 = 0, col0 = 0;
 };
 
 inline constexpr uint64_t kRandomFillIndexMix = 0xd1342543de82ef95ull;
@@ -36,6 +40,11 @@ DSV4_HOST_DEVICE inline uint64_t random_mix(uint64_t z) {
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
   z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
   return z ^ (z >> 31);
+}
+// The random number of element i of a fill (its index in the whole tensor, RandomFill's window).
+DSV4_HOST_DEVICE inline uint64_t random_fill_number(const RandomFill& f, int64_t i) {
+  const int64_t whole = f.cols ? (f.row0 + i / f.cols) * f.source_cols + f.col0 + i % f.cols : i;
+  return random_mix(f.stream ^ uint64_t(whole) * kRandomFillIndexMix);
 }
 // Uniform in [−1, 1) from 24 bits (exact in f32).
 DSV4_HOST_DEVICE inline float random_unit(uint64_t r) { return float(int32_t(r & 0xffffff) - 0x800000) / float(0x800000); }

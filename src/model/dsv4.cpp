@@ -60,7 +60,7 @@ Dsv4Model::Dsv4Model(std::unique_ptr<ModelWeights> weights, Backend& backend, Co
   for (RopeTable* t : {&rope_plain_, &rope_yarn_})
     t->device = static_cast<const float*>(backend_.place_weight(t->inv_freq.data(), t->inv_freq.size() * 4));
   for (int l = 0; l < c.total_layers(); ++l) caches_.push_back(std::make_unique<LayerCaches>(backend_));
-  graph_mode_ = backend_.can_capture() ? DecodeGraphs::Record : DecodeGraphs::Off;
+  graph_mode_ = can_record() ? DecodeGraphs::Record : DecodeGraphs::Off;
   if (const char* env = std::getenv("DSV4_DECODE_GRAPHS")) {
     const std::string v = env;
     if (v == "off") graph_mode_ = DecodeGraphs::Off;
@@ -114,8 +114,8 @@ struct Dsv4Model::NextPlan {
 Dsv4Model::~Dsv4Model() = default;
 
 void Dsv4Model::set_decode_graphs(DecodeGraphs mode) {
-  DSV4_CHECK(mode != DecodeGraphs::Record || backend_.can_capture(), "decode graphs: the {} backend cannot record steps",
-             backend_.name());
+  DSV4_CHECK(mode != DecodeGraphs::Record || can_record(), "decode graphs: the {} backend{} cannot record steps",
+             backend_.name(), backend_.can_capture() ? "'s collectives (host-staged)" : "");
   drop_next_plan();
   graph_mode_ = mode;
   graphs_.clear();

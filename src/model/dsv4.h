@@ -136,6 +136,8 @@ class Dsv4Model : public ServingModel {
                 const RopeTable& rope);
   Tensor embed_streams(const StepPlan& plan);  // [T, hc, D]
   bool split() const { return comm_ && comm_->world_size() > 1; }
+  // Whether decode steps can be recorded: the backend records, and so do the collectives in them.
+  bool can_record() const { return backend_.can_capture() && (!comm_ || comm_->can_record()); }
   void emit(const std::string& name, int layer, const Tensor& t) {
     if (dump) dump(name + "-" + std::to_string(layer), t);
   }

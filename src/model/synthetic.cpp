@@ -118,10 +118,12 @@ bool SyntheticSource::release_bound() {
   return true;
 }
 
-const TensorRef* SyntheticSource::find(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
-                                       TensorUse use) {
-  const int64_t n = count(shape);
-  const uint64_t stream = random_mix(seed_ * 0x100000001b3ull + ++counter_);
+// How the tensor `name` is made. One stream of random numbers per tensor, from its name: a
+// tensor-parallel rank that skips another rank's experts makes every other tensor as rank 0 does.
+RandomFill SyntheticSource::fill_of(const std::string& name, DType dtype, const std::vector<int64_t>& shape) const {
+  uint64_t name_hash = 0xcbf29ce484222325ull;  // FNV-1a
+  for (unsigned char ch : name) name_hash = (name_hash ^ ch) * 0x100000001b3ull;
+  const uint64_t stream = random_mix(seed_ * 0x100000001b3ull ^ name_hash);
   const int64_t fan_in = shape.size() >= 2 ? shape[1] : 1;
   auto code_e8m0 = [](float v) { return uint8_t(std::clamp(127 + int(std::lround(std::log2(v))), 1, 254)); };
   const bool norm = ends_with(name, "norm.weight");
@@ -168,6 +170,13 @@ const TensorRef* SyntheticSource::find(const std::string& name, DType dtype, con
     default:
       fail("{}: no synthetic values for dtype {}", name, dtype_name(dtype));
   }
+  return f;
+}
+
+const TensorRef* SyntheticSource::find(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                                       TensorUse use) {
+  const int64_t n = count(shape);
+  const RandomFill f = fill_of(name, dtype, shape);
   TensorRef& t = refs_.emplace_back();
   t.name = name;
   t.dtype = dtype;
@@ -193,7 +202,7 @@ const TensorRef* SyntheticSource::find(const std::string& name, DType dtype, con
   auto* p = reinterpret_cast<int32_t*>(b.data());
   parallel_for(shape[0], [&](int64_t t0, int64_t t1) {
     for (int64_t tok = t0; tok < t1; ++tok) {
-      uint64_t r = random_mix(stream ^ uint64_t(tok));
+      uint64_t r = random_mix(f.stream ^ uint64_t(tok));
       for (int j = 0; j < k; ++j) {
         int32_t e;
         do {
@@ -204,6 +213,30 @@ const TensorRef* SyntheticSource::find(const std::string& name, DType dtype, con
       }
     }
   });
+  return &t;
+}
+
+const TensorRef* SyntheticSource::find_window(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                                              TensorUse use, const Window& w) {
+  if (!backend_ || use == TensorUse::HostRead || dtype == DType::I32 || shape.size() != 2) return nullptr;
+  DSV4_CHECK(w.row0 >= 0 && w.rows > 0 && w.row0 + w.rows <= shape[0] && w.col0 >= 0 && w.cols > 0 &&
+                 w.col0 + w.cols <= shape[1],
+             "{}: window rows {}+{} × columns {}+{} outside {}", name, w.row0, w.rows, w.col0, w.cols, shape_str(shape));
+  RandomFill f = fill_of(name, dtype, shape);
+  f.cols = w.cols;
+  f.source_cols = shape[1];
+  f.row0 = w.row0;
+  f.col0 = w.col0;
+  TensorRef& t = refs_.emplace_back();
+  t.name = name;
+  t.dtype = dtype;
+  t.shape = {w.rows, w.cols};
+  t.file = spec_;
+  t.nbytes = size_t(w.rows * w.cols) * dtype_size(dtype);
+  Tensor made = backend_->generate(f, dtype, t.shape);
+  t.data = static_cast<const uint8_t*>(made.data);
+  t.in_backend = true;
+  (use == TensorUse::Placed ? placed_ : prepared_).push_back(std::move(made));
   return &t;
 }
 

@@ -15,6 +15,7 @@
 #include <vector>
 
 #include "backend/backend.h"
+#include "backend/random_fill.h"
 #include "checkpoint/model_config.h"
 #include "model/weights.h"
 
@@ -27,6 +28,9 @@ class SyntheticSource final : public TensorSource {
   explicit SyntheticSource(const std::string& spec, Backend* backend = nullptr);
   const ModelConfig& config() const { return config_; }
   const TensorRef* find(const std::string& name, DType dtype, const std::vector<int64_t>& shape, TensorUse use) override;
+  // With a backend: the window's elements, each the value it has in the whole tensor.
+  const TensorRef* find_window(const std::string& name, DType dtype, const std::vector<int64_t>& shape, TensorUse use,
+                               const Window& window) override;
   bool has(const std::string& name) const override;
   std::string where() const override { return spec_; }
   bool release_bound() override;
@@ -40,7 +44,7 @@ class SyntheticSource final : public TensorSource {
   ModelConfig config_;
   std::string config_json_;
   uint64_t seed_ = 1;
-  uint64_t counter_ = 0;  // one stream of random numbers per tensor
+  RandomFill fill_of(const std::string& name, DType dtype, const std::vector<int64_t>& shape) const;
   Backend* backend_ = nullptr;
   std::deque<TensorRef> refs_;
   std::deque<std::vector<uint8_t>> bytes_;

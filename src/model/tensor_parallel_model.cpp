@@ -1,10 +1,34 @@
 #include "model/tensor_parallel_model.h"
 
 #include <algorithm>
+#include <cstdlib>
+#include <sstream>
+#include <string>
 
 #include "core/error.h"
 
 namespace dsv4 {
+
+namespace {
+// The GPU of each rank: rank r on GPU r, or DSV4_RANK_GPUS=0,0,… (ranks may share one: tests).
+std::vector<int> rank_gpus(int world) {
+  std::vector<int> gpus;
+  const char* env = std::getenv("DSV4_RANK_GPUS");
+  if (!env || !*env) {
+    for (int r = 0; r < world; ++r) gpus.push_back(r);
+    return gpus;
+  }
+  std::stringstream in(env);
+  for (std::string item; std::getline(in, item, ',');) {
+    char* end = nullptr;
+    const long g = std::strtol(item.c_str(), &end, 10);
+    if (item.empty() || *end || g < 0 || g > 1023) fail("DSV4_RANK_GPUS={}: expected GPU indices, one per rank (0,1,…)", env);
+    gpus.push_back(int(g));
+  }
+  if (int(gpus.size()) != world) fail("DSV4_RANK_GPUS={}: {} GPUs for {} ranks", env, gpus.size(), world);
+  return gpus;
+}
+}  // namespace
 
 TensorParallelModel::TensorParallelModel(const std::string& dir, const std::string& backend_name, Options options)
     : options_(options) {
@@ -15,7 +39,6 @@ TensorParallelModel::TensorParallelModel(const std::string& dir, const std::stri
     ranks_[0]->model = std::make_unique<Dsv4Model>(load_model_weights(dir, ranks_[0]->backend.get()), *ranks_[0]->backend);
     return;
   }
-  group_ = make_communicator_group(backend_name, options.world);
   // The process's CPU workers, divided among the ranks (a pool serves one caller at a time).
   const int workers = std::max(1, ThreadPool::global().size() / options.world);
   for (int r = 0; r < options.world; ++r) {
@@ -23,9 +46,15 @@ TensorParallelModel::TensorParallelModel(const std::string& dir, const std::stri
     ranks_[size_t(r)]->thread = std::thread([this, r] { rank_loop(r); });
   }
   try {
+    // Each rank's backend on its own thread (a GPU backend makes its device that thread's), then
+    // the group over them, then the models.
+    const std::vector<int> gpus = rank_gpus(options.world);
+    on_every_rank([&](int r) { ranks_[size_t(r)]->backend = make_backend(backend_name, gpus[size_t(r)]); });
+    std::vector<Backend*> backends;
+    for (auto& rank : ranks_) backends.push_back(rank->backend.get());
+    group_ = make_communicator_group(backends);
     on_every_rank([&](int r) {
       Rank& rank = *ranks_[size_t(r)];
-      rank.backend = make_backend(backend_name);
       const ParallelLayout layout{r, options.world, options.expert_parallel};
       rank.model = std::make_unique<Dsv4Model>(load_model_weights(dir, rank.backend.get(), layout), *rank.backend,
                                                group_.ranks[size_t(r)].get());
@@ -38,8 +67,11 @@ TensorParallelModel::TensorParallelModel(const std::string& dir, const std::stri
 
 TensorParallelModel::~TensorParallelModel() {
   stop_rank_threads();
-  // Each rank's model and backend go on the caller's thread, models first (they use the backend).
+  // Each rank's model and backend go on the caller's thread, models first (they use the backend),
+  // then the communicators, then the backends (a communicator enqueues on its rank's backend).
   for (auto& r : ranks_) r->model.reset();
+  group_ = {};
+  for (auto& r : ranks_) r->backend.reset();
 }
 
 void TensorParallelModel::stop_rank_threads() {
@@ -69,7 +101,7 @@ void TensorParallelModel::rank_loop(int r) {
       (*job)(r);
     } catch (...) {
       rank.error = std::current_exception();
-      group_.abort();  // the other ranks may wait for this one in a collective
+      if (group_.abort) group_.abort();  // the other ranks may wait for this one in a collective
     }
     std::lock_guard<std::mutex> lock(mutex_);
     if (--running_ == 0) job_done_.notify_all();
@@ -107,7 +139,7 @@ void TensorParallelModel::on_every_rank(const std::function<void(int)>& fn) {
     }
   }
   if (first || abandoned) {
-    group_.reset();
+    if (group_.reset) group_.reset();
     std::rethrow_exception(first ? first : abandoned);
   }
 }

@@ -38,6 +38,17 @@ class TensorBinder {
     if (used_.insert(name).second) bytes_ += double(t->nbytes);
     return *t;
   }
+  // A window of a 2-D tensor made in backend memory (TensorSource::find_window), or nullptr.
+  const TensorRef* get_window(const std::string& name, DType dtype, const std::vector<int64_t>& shape, TensorUse use,
+                              const TensorSource::Window& w) {
+    if (!backend_ || use == TensorUse::HostRead) return nullptr;
+    const TensorRef* t = src_.find_window(name, dtype, shape, use, w);
+    if (!t) return nullptr;
+    DSV4_CHECK(t->in_backend && t->dtype == dtype && t->shape == (std::vector<int64_t>{w.rows, w.cols}),
+               "{}: window of {} made as {} {}", src_.where(), name, dtype_name(t->dtype), shape_str(t->shape));
+    if (used_.insert(name).second) bytes_ += double(t->nbytes);
+    return t;
+  }
   bool has(const std::string& name) const { return src_.has(name); }
   const void* place(const void* host, size_t bytes) {
     if (!backend_) return host;
@@ -113,19 +124,24 @@ struct Span {
 // views into the source; a column slice is copied (the binder keeps the copy). Scale tensors are
 // sliced with their weights, so a slice must cover whole scale blocks (parallel_layout_problem).
 // Placed: in backend memory; Prepared: the views for Backend::prepare_experts (routed experts);
-// HostRead: host views, converted first (wo_a). A slice is cut on the host (its tensors are read
-// there); a whole tensor a generator made in backend memory is used where it is.
+// HostRead: host views, converted first (wo_a). A slice is made by the source in backend memory
+// where it can (a generator: TensorSource::find_window), else cut on the host from the whole
+// tensor; a whole tensor a generator made in backend memory is used where it is.
 LinearWeight bind_linear(TensorBinder& b, const std::string& prefix, int out, int in, WeightFormat format,
                          TensorUse use = TensorUse::Placed, Span rows = {}, Span cols = {}) {
   const int r0 = rows.begin, nr = rows.count < 0 ? out : rows.count;
   const int c0 = cols.begin, nc = cols.count < 0 ? in : cols.count;
   // Tensor t stores the matrix with one stored row per `row_div` rows and one stored element (of
   // `elem_bytes`) per `col_div` columns.
-  const TensorUse read = nr != out || nc != in ? TensorUse::HostRead : use;
-  auto take = [&](const TensorRef& t, int row_div, int col_div, int elem_bytes) {
-    if (t.in_backend) return t.data;  // whole (read == use), made where it lives
+  const bool sliced = nr != out || nc != in;
+  const TensorUse read = sliced ? TensorUse::HostRead : use;
+  auto check_split = [&](int row_div, int col_div) {
     if (nr != out) DSV4_CHECK(r0 % row_div == 0 && nr % row_div == 0, "{}: rows {}+{} split a block of {}", prefix, r0, nr, row_div);
     if (nc != in) DSV4_CHECK(c0 % col_div == 0 && nc % col_div == 0, "{}: columns {}+{} split a block of {}", prefix, c0, nc, col_div);
+  };
+  auto take = [&](const TensorRef& t, int row_div, int col_div, int elem_bytes) {
+    if (t.in_backend) return t.data;  // whole (read == use), made where it lives
+    check_split(row_div, col_div);
     const int64_t row_bytes = t.shape.size() == 2 ? t.shape[1] * elem_bytes : 0;
     const int64_t sr0 = r0 / row_div, snr = (nr + row_div - 1) / row_div;
     const int64_t sc0 = int64_t(c0 / col_div) * elem_bytes, snc = int64_t((nc + col_div - 1) / col_div) * elem_bytes;
@@ -137,6 +153,17 @@ LinearWeight bind_linear(TensorBinder& b, const std::string& prefix, int out, in
     }
     return use == TensorUse::Placed ? static_cast<const uint8_t*>(b.place(data, size_t(snr * snc))) : data;
   };
+  // A slice the source can make in backend memory is made there (a synthetic model's rank), else cut
+  // from the whole tensor's host view.
+  auto fetch = [&](const std::string& name, std::initializer_list<DType> dtypes, std::vector<int64_t> shape, int row_div,
+                   int col_div, int elem_bytes) -> const uint8_t* {
+    if (sliced) {
+      check_split(row_div, col_div);
+      const TensorSource::Window w{r0 / row_div, (nr + row_div - 1) / row_div, c0 / col_div, (nc + col_div - 1) / col_div};
+      if (const TensorRef* t = b.get_window(name, *dtypes.begin(), shape, use, w)) return t->data;
+    }
+    return take(b.get(name, dtypes, std::move(shape), read), row_div, col_div, elem_bytes);
+  };
   LinearWeight l;
   l.name = prefix;
   l.format = format;
@@ -144,21 +171,21 @@ LinearWeight bind_linear(TensorBinder& b, const std::string& prefix, int out, in
   l.in = nc;
   switch (format) {
     case WeightFormat::BF16:
-      l.w = take(b.get(prefix + ".weight", {DType::BF16}, {out, in}, read), 1, 1, 2);
+      l.w = fetch(prefix + ".weight", {DType::BF16}, {out, in}, 1, 1, 2);
       break;
     case WeightFormat::FP8_BLOCK:
-      l.w = take(b.get(prefix + ".weight", {DType::F8_E4M3}, {out, in}, read), 1, 1, 1);
-      l.scale = take(b.get(prefix + ".scale", {DType::F8_E8M0}, {ceil_div(out, 128), ceil_div(in, 128)}, read), 128, 128, 1);
+      l.w = fetch(prefix + ".weight", {DType::F8_E4M3}, {out, in}, 1, 1, 1);
+      l.scale = fetch(prefix + ".scale", {DType::F8_E8M0}, {ceil_div(out, 128), ceil_div(in, 128)}, 128, 128, 1);
       break;
     case WeightFormat::MXFP4:
       if (in % 32) fail("{}: input width {} is not a multiple of 32 (MXFP4 blocks)", prefix, in);
-      l.w = take(b.get(prefix + ".weight", {DType::I8, DType::U8}, {out, in / 2}, read), 1, 2, 1);
-      l.scale = take(b.get(prefix + ".scale", {DType::F8_E8M0}, {out, in / 32}, read), 1, 32, 1);
+      l.w = fetch(prefix + ".weight", {DType::I8, DType::U8}, {out, in / 2}, 1, 2, 1);
+      l.scale = fetch(prefix + ".scale", {DType::F8_E8M0}, {out, in / 32}, 1, 32, 1);
       break;
     case WeightFormat::NVFP4:
       if (in % 16) fail("{}: input width {} is not a multiple of 16 (NVFP4 blocks)", prefix, in);
-      l.w = take(b.get(prefix + ".weight", {DType::U8, DType::I8}, {out, in / 2}, read), 1, 2, 1);
-      l.scale = take(b.get(prefix + ".weight_scale", {DType::F8_E4M3}, {out, in / 16}, read), 1, 16, 1);
+      l.w = fetch(prefix + ".weight", {DType::U8, DType::I8}, {out, in / 2}, 1, 2, 1);
+      l.scale = fetch(prefix + ".weight_scale", {DType::F8_E4M3}, {out, in / 16}, 1, 16, 1);
       l.scale2 = b.f32_scalar(prefix + ".weight_scale_2");
       if (b.has(prefix + ".input_scale")) b.f32(prefix + ".input_scale", {});  // static act scale: unused (FP8/bf16 activations)
       break;

@@ -66,6 +66,17 @@ class TensorSource {
   // may make a Placed or Prepared tensor in backend memory (TensorRef::in_backend).
   virtual const TensorRef* find(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
                                 TensorUse use) = 0;
+  // Rows [row0, row0 + rows) × stored columns [col0, col0 + cols) of the 2-D tensor `name` (of
+  // `shape`), made in backend memory for a Placed or Prepared use — a tensor-parallel rank's slice,
+  // without the rest of the tensor — or nullptr where the source cannot (a checkpoint: the binder
+  // cuts the slice from its host view).
+  struct Window {
+    int64_t row0 = 0, rows = 0, col0 = 0, cols = 0;
+  };
+  virtual const TensorRef* find_window(const std::string& name, DType dtype, const std::vector<int64_t>& shape,
+                                       TensorUse use, const Window& window) {
+    return nullptr;
+  }
   virtual bool has(const std::string& name) const = 0;
   virtual std::string where() const = 0;  // for messages
   // Frees the host bytes of the tensors returned so far (the backend holds its own copies); true

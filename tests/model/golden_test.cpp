@@ -8,9 +8,14 @@
 #include <gtest/gtest.h>
 
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
 #include <set>
+
+#if defined(DSV4_GOLDEN_TP_GPU)
+#include <cuda_runtime.h>
+#endif
 
 #include "backend/backend.h"
 #include "model/dsv4.h"
@@ -40,6 +45,19 @@ std::string assemble_nvfp4() {
 // golden_tp_test (DSV4_GOLDEN_TP) runs these checks with the model split over two ranks, its
 // routed experts by intermediate dimension or by expert, against the same thresholds.
 const std::string kTp2 = " --tensor-parallel-size 2", kTp2Ep = " --tensor-parallel-size 2 --expert-parallel";
+
+#if defined(DSV4_GOLDEN_TP_GPU)
+// golden_tp_gpu_test: a rank per GPU over NCCL where two GPUs are visible, else both ranks on GPU 0
+// with host-staged collectives (DSV4_RANK_GPUS, read by the dsv4 commands this test runs).
+const bool kRanksShareAGpu = [] {
+  int n = 0;
+  if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
+  if (n == 1) setenv("DSV4_RANK_GPUS", "0,0", 0);
+  std::printf("golden_tp_gpu_test: %d GPU%s visible: %s\n", n, n == 1 ? "" : "s",
+              n == 1 ? "both ranks on GPU 0, host-staged collectives" : "a rank per GPU, NCCL");
+  return n == 1;
+}();
+#endif
 
 struct LayerCheckCase {
   std::string name, model;

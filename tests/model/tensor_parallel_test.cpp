@@ -143,6 +143,12 @@ void check_split_ops(const std::string& dir, bool expert_parallel) {
 
 TEST(TensorParallel, SplitOpsMxfp4Experts) { check_split_ops(kTinyA, false); }
 TEST(TensorParallel, SplitOpsMxfp4ExpertsByExpert) { check_split_ops(kTinyA, true); }
+// A synthetic model makes each rank's slices in place (TensorSource::find_window) and every other
+// tensor as the unsplit model does: the shards must sum to the unsplit ops as a checkpoint's do.
+TEST(TensorParallel, SplitOpsSyntheticModelSlicesMadeInPlace) {
+  check_split_ops("synthetic:tiny", false);
+  check_split_ops("synthetic:tiny", true);
+}
 TEST(TensorParallel, SplitOpsBf16Checkpoint) {
   TinyModelOptions o;
   o.out_dir = fresh_dir("tp_bf16_model");

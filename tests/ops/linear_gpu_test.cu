@@ -553,22 +553,31 @@ void check_backend_choice(const char* env, int64_t rows, bool want_fp8_gemm, boo
   const auto* dwb = static_cast<const uint16_t*>(be.place_weight(wb.data(), wb.size() * 2));
   Tensor xt = be.from_host(DType::BF16, {rows, K}, x.data());
   Tensor y8 = be.linear(xt, lw), yb = be.linear_bf16(xt, dwb, N, K), yl = be.logits(xt, dwb, N);
+  Tensor yp = be.linear_partial(xt, lw);  // a tensor-parallel rank's sums before the rounding
   EXPECT_EQ(y8.shape, (std::vector<int64_t>{rows, N}));
+  EXPECT_EQ(yp.shape, (std::vector<int64_t>{rows, N}));
+  EXPECT_EQ(yp.dtype, DType::F32);
   EXPECT_EQ(yb.shape, (std::vector<int64_t>{rows, N}));
   EXPECT_EQ(yl.shape, (std::vector<int64_t>{rows, N}));
 
   // The same work directly, on the path the backend should have chosen.
   Stream stream;
   DeviceBuffer<uint16_t> d_y8(size_t(rows) * N), d_yb(size_t(rows) * N), d_xb(size_t(rows) * K), d_wb(size_t(N) * K);
-  DeviceBuffer<float> d_yl(size_t(rows) * N), d_s(size_t(rows) * (K / 128));
+  DeviceBuffer<float> d_yl(size_t(rows) * N), d_s(size_t(rows) * (K / 128)), d_yp(size_t(rows) * N);
   DeviceBuffer<uint8_t> d_q(size_t(rows) * K);
+  DSV4_CUDA_CHECK(cudaMemsetAsync(d_yp.get(), 0xff, size_t(rows) * N * 4, stream.get()));  // poisoned: NaN
   be.synchronize();
   LinearGemm gemm;
-  if (want_fp8_gemm)
+  if (want_fp8_gemm) {
     gemm.fp8_via_bf16(xt.ptr<uint16_t>(), rows, K, lw.w, lw.scale, N, d_q.get(), d_s.get(), d_xb.get(), d_wb.get(),
                       d_y8.get(), stream.get());
-  else
+    gemm.fp8_via_bf16(xt.ptr<uint16_t>(), rows, K, lw.w, lw.scale, N, d_q.get(), d_s.get(), d_xb.get(), d_wb.get(),
+                      d_yp.get(), stream.get(), true);
+  } else {
     linear_fp8_block(xt.ptr<uint16_t>(), rows, K, lw.w, lw.scale, N, d_q.get(), d_s.get(), d_y8.get(), stream.get());
+    linear_fp8_block(xt.ptr<uint16_t>(), rows, K, lw.w, lw.scale, N, d_q.get(), d_s.get(), d_yp.get(), stream.get(),
+                     true);
+  }
   if (want_bf16_gemm) {
     ASSERT_TRUE(gemm.bf16_available(rows, K, K, 1, N, false) && gemm.bf16_available(rows, K, K, 1, N, true));
     gemm.bf16(xt.ptr<uint16_t>(), rows, K, K, 1, dwb, N, d_yb.get(), false, stream.get());
@@ -584,6 +593,12 @@ void check_backend_choice(const char* env, int64_t rows, bool want_fp8_gemm, boo
   EXPECT_EQ(tensor_to_host<uint16_t>(be, yb), d_yb.download(stream.get())) << "bf16, " << what << ", " << rows;
   const std::vector<float> got_l = tensor_to_host<float>(be, yl), want_l = d_yl.download(stream.get());
   EXPECT_EQ(std::memcmp(got_l.data(), want_l.data(), want_l.size() * 4), 0) << "logits, " << what << ", " << rows;
+  // linear_partial: the same path's f32 sums, which round to linear's output bit for bit.
+  const std::vector<float> got_p = tensor_to_host<float>(be, yp), want_p = d_yp.download(stream.get());
+  EXPECT_EQ(std::memcmp(got_p.data(), want_p.data(), want_p.size() * 4), 0) << "partial, " << what << ", " << rows;
+  size_t rounding_differs = 0;
+  for (size_t i = 0; i < want_p.size(); ++i) rounding_differs += f32_to_bf16(want_p[i]) != want8[i];
+  EXPECT_EQ(rounding_differs, 0u) << "bf16(partial) vs linear, " << what << ", " << rows << " rows";
 }
 
 TEST(CudaBackendLinearPath, ForcedAndAuto) {

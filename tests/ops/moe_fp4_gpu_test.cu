@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 #include <random>
 #include <string>
 #include <vector>
@@ -145,7 +146,94 @@ void check_layer(const MoeFp4Shape& shape, int k, const std::vector<int>& token_
   }
 }
 
+// A tensor-parallel rank's part (moe_fp4_partials, Backend::moe_expert_partials) on every path,
+// with a third of the pairs routed to experts another rank holds (id −1 here): each held pair's
+// f32 row rounds to the forward's own expert output bit for bit, the other rows are 0, slot k is
+// the shared input, and moe_combine_partials of the rows is the forward's output bit for bit. The
+// held pairs' rows also against the CPU twin (moe_fp4_pair_outputs) on the FP8 grid.
+void check_partials(const MoeFp4Shape& shape, int k, const std::vector<int>& token_counts) {
+  uint32_t seed = fresh_seed();
+  std::mt19937 rng(seed);
+  HostExperts experts(shape, rng);
+  cuda::MoeFp4Weights weights(shape, experts.views);
+  const int max_tokens = *std::max_element(token_counts.begin(), token_counts.end());
+  cuda::MoeWorkspace ws(shape, max_tokens, k);
+  cuda::Stream stream;
+  const int D = shape.hidden, slots = k + 1;
+  for (int tokens : token_counts) {
+    Routing routing = random_routing(tokens, k, shape.experts, rng);
+    for (size_t p = 0; p < routing.ids.size(); ++p)
+      if (rng() % 3 == 0) routing.ids[p] = -1;
+    std::vector<uint16_t> x = random_bf16(size_t(tokens) * D, 1.0f, rng);
+    std::vector<uint16_t> shared = random_bf16(size_t(tokens) * D, 0.5f, rng);
+    std::vector<float> shared_f32(shared.size());
+    for (size_t i = 0; i < shared.size(); ++i) shared_f32[i] = bf16_to_f32(shared[i]);
+    std::vector<float> ref_rows(size_t(tokens) * slots * D, 0.f);
+    cpu::moe_fp4_pair_outputs(shape, experts.views, x.data(), tokens, routing.ids.data(), routing.weights.data(), k,
+                              ref_rows.data(), int64_t(slots) * D, MoeActivationNumerics::Fp8);
+    DeviceBuffer<uint16_t> d_x(x.size()), d_shared(shared.size()), d_out(x.size()), d_combined(x.size());
+    DeviceBuffer<float> d_shared_f32(shared.size()), d_partials(size_t(tokens) * slots * D), d_w(routing.weights.size());
+    DeviceBuffer<int32_t> d_ids(routing.ids.size());
+    d_x.upload(x, stream.get());
+    d_shared.upload(shared, stream.get());
+    d_shared_f32.upload(shared_f32, stream.get());
+    d_ids.upload(routing.ids, stream.get());
+    d_w.upload(routing.weights, stream.get());
+    for (auto path : {cuda::MoeFp4Path::W4A16Stream, cuda::MoeFp4Path::W4A16Decode, cuda::MoeFp4Path::W4A16Batched,
+                      cuda::MoeFp4Path::W4A8}) {
+      if (path == cuda::MoeFp4Path::W4A8 && shape.format == MoeFp4Format::Nvfp4) continue;
+      if (!cuda::moe_fp4_path_available(path, shape)) continue;  // reported by check_layer
+      const char* name = cuda::moe_fp4_path_name(path);
+      d_out.fill_bytes(0xff, stream.get());
+      ws.expert_out.fill_bytes(0xff, stream.get());
+      cuda::moe_fp4_forward_path(path, weights, d_x.get(), tokens, d_ids.get(), d_w.get(), k, d_shared.get(),
+                                 d_out.get(), ws, stream.get(), MoeActivationNumerics::Fp8);
+      const std::vector<uint16_t> want = d_out.download(stream.get());
+      std::vector<uint16_t> pair_out = ws.expert_out.download(stream.get());
+      d_partials.fill_bytes(0xff, stream.get());
+      d_combined.fill_bytes(0xff, stream.get());
+      ws.hidden_act.fill_bytes(0xff, stream.get());
+      cuda::moe_fp4_partials(path, weights, d_x.get(), tokens, d_ids.get(), d_w.get(), k, d_shared_f32.get(),
+                             d_partials.get(), ws, stream.get(), MoeActivationNumerics::Fp8);
+      cuda::moe_combine_partials(d_partials.get(), d_ids.get(), tokens, k, D, d_combined.get(), stream.get());
+      const std::vector<float> rows = d_partials.download(stream.get());
+      size_t held_differ = 0, other_nonzero = 0, shared_differ = 0;
+      std::vector<uint16_t> held, held_ref;
+      for (int t = 0; t < tokens; ++t)
+        for (int j = 0; j < slots; ++j)
+          for (int c = 0; c < D; ++c) {
+            const size_t at = (size_t(t) * slots + j) * D + c;
+            const float v = rows[at];
+            if (j == k) {
+              shared_differ += std::memcmp(&v, &shared_f32[size_t(t) * D + c], 4) != 0;
+            } else if (routing.ids[size_t(t) * k + j] < 0) {
+              other_nonzero += !(v == 0.f);
+            } else {
+              held_differ += f32_to_bf16(v) != pair_out[(size_t(t) * k + j) * D + c];
+              held.push_back(f32_to_bf16(v));
+              held_ref.push_back(f32_to_bf16(ref_rows[at]));
+            }
+          }
+      EXPECT_EQ(held_differ, 0u) << name << ", tokens " << tokens << ": held pairs' rows vs the forward's outputs";
+      EXPECT_EQ(other_nonzero, 0u) << name << ", tokens " << tokens << ": rows of pairs held elsewhere";
+      EXPECT_EQ(shared_differ, 0u) << name << ", tokens " << tokens << ": the shared row";
+      EXPECT_EQ(d_combined.download(stream.get()), want) << name << ", tokens " << tokens << ": combined vs forward";
+      const ErrorStats e = compare(held, held_ref);
+      std::printf("partials %s E=%d D=%d k=%d tokens=%d %s seed=%u: held pairs vs the CPU twin rel L2 %.2e, NaN %zu\n",
+                  shape.format == MoeFp4Format::Mxfp4 ? "MXFP4" : "NVFP4", shape.experts, D, k, tokens, name, seed,
+                  e.rel_l2, e.nans);
+      EXPECT_EQ(e.nans, 0u) << name;
+      EXPECT_LE(e.rel_l2, kW4A8EndToEndBound) << name << ", tokens " << tokens;
+    }
+  }
+}
+
 class MoeFp4Gpu : public ::testing::TestWithParam<MoeFp4Format> {};
+
+TEST_P(MoeFp4Gpu, TensorParallelPartials) {
+  check_partials(shape_of(GetParam(), 32, 512, 256), 6, {1, 5, 64, 300});
+  check_partials(shape_of(GetParam(), 12, 4096, 1024), 6, {1, 16});
+}
 
 // Small layer, every token count the issue names (1 … 4096), with and without the shared input.
 TEST_P(MoeFp4Gpu, SmallLayerAllTokenCounts) {
@@ -166,6 +254,7 @@ INSTANTIATE_TEST_SUITE_P(Formats, MoeFp4Gpu, ::testing::Values(MoeFp4Format::Mxf
 TEST(MoeFp4Sanitizer, SmallBothFormats) {
   check_layer(shape_of(MoeFp4Format::Mxfp4, 8, 256, 128), 6, {3, 20}, true);
   check_layer(shape_of(MoeFp4Format::Nvfp4, 8, 256, 128), 6, {3}, false);
+  check_partials(shape_of(MoeFp4Format::Mxfp4, 8, 256, 128), 6, {3, 20});
 }
 
 }  // namespace

@@ -51,5 +51,29 @@ TEST(RandomFill, GpuBytesAreTheHostBytes) {
   }
 }
 
+// A window (a tensor-parallel rank's slice, RandomFill::cols …) is the slice of the whole fill, on
+// the host and on the GPU.
+TEST(RandomFill, WindowIsTheSliceOfTheWholeTensor) {
+  for (auto kind : {RandomFill::Kind::Bf16Uniform, RandomFill::Kind::Fp8Weight, RandomFill::Kind::Bytes}) {
+    const int64_t rows = 1 + rng()() % 300, cols = 1 + rng()() % 700;
+    const int64_t r0 = rng()() % rows, nr = 1 + rng()() % (rows - r0), c0 = rng()() % cols, nc = 1 + rng()() % (cols - c0);
+    const int es = random_fill_element_bytes(kind);
+    RandomFill f;
+    f.kind = kind;
+    f.stream = (uint64_t(rng()()) << 32) | rng()();
+    f.amp = 0.5f;
+    std::vector<uint8_t> whole(size_t(rows * cols * es));
+    random_fill_reference(f, whole.data(), rows * cols);
+    std::vector<uint8_t> slice(size_t(nr * nc * es));
+    for (int64_t r = 0; r < nr; ++r)
+      std::memcpy(slice.data() + r * nc * es, whole.data() + ((r0 + r) * cols + c0) * es, size_t(nc * es));
+    f.cols = nc, f.source_cols = cols, f.row0 = r0, f.col0 = c0;
+    std::vector<uint8_t> host(slice.size());
+    random_fill_reference(f, host.data(), nr * nc);
+    EXPECT_EQ(host, slice) << "host window, kind " << int(kind);
+    check_fill(f, nr * nc);  // the GPU's window against the host's
+  }
+}
+
 }  // namespace
 }  // namespace dsv4::cuda

@@ -72,7 +72,14 @@ void DeviceMemoryPool::put(void* p, size_t bytes) {
   (recorded_.count(p) ? recorded_free_ : free_)[size_class(bytes)].push_back(p);
 }
 
-CudaBackend::CudaBackend() : memory_(std::make_shared<DeviceMemoryPool>()) {
+CudaBackend::DeviceSelection::DeviceSelection(int device) : index(device) {
+  int n = 0;
+  DSV4_CUDA_CHECK(cudaGetDeviceCount(&n));
+  if (device < 0 || device >= n) fail("CUDA device {} does not exist ({} visible)", device, n);
+  DSV4_CUDA_CHECK(cudaSetDevice(device));
+}
+
+CudaBackend::CudaBackend(int device) : device_(device), memory_(std::make_shared<DeviceMemoryPool>()) {
   if (const char* p = std::getenv("DSV4_MOE_PATH")) {
     const std::string v = p;
     if (v == "w4a16") moe_path_override_ = int(MoeFp4Path::W4A16Decode);
@@ -85,12 +92,16 @@ CudaBackend::CudaBackend() : memory_(std::make_shared<DeviceMemoryPool>()) {
   if (linear_mode_ != LinearPathMode::Kernel) gemm_ = std::make_unique<LinearGemm>();
 }
 
-CudaBackend::~CudaBackend() { cudaStreamSynchronize(stream_.get()); }
+CudaBackend::~CudaBackend() {
+  // The members go with this device current (the caller may be another rank's thread).
+  cudaSetDevice(device_.index);
+  cudaStreamSynchronize(stream_.get());
+}
 
 std::string CudaBackend::name() const {
-  int device = 0;
+  const int device = device_.index;
   cudaDeviceProp prop{};
-  if (cudaGetDevice(&device) != cudaSuccess || cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "cuda";
+  if (cudaGetDeviceProperties(&prop, device) != cudaSuccess) return "cuda";
   return fmt::format("cuda ({}, sm_{}{}, {} SMs, {:.0f} GB)", prop.name, prop.major, prop.minor, prop.multiProcessorCount,
                      double(prop.totalGlobalMem) / 1e9);
 }
@@ -284,28 +295,35 @@ Tensor CudaBackend::to_bf16(const Tensor& x) {
 
 // ---- linears ----
 
-Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) {
+Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) { return linear_out(x, w, false); }
+
+Tensor CudaBackend::linear_partial(const Tensor& x, const LinearWeight& w) { return linear_out(x, w, true); }
+
+Tensor CudaBackend::linear_out(const Tensor& x, const LinearWeight& w, bool f32) {
   const int64_t rows = x.rows();
   DSV4_CHECK(x.numel() == rows * w.in, "linear {}: input has {} values per row, weight expects {}", w.name,
              x.numel() / std::max<int64_t>(rows, 1), w.in);
-  if (w.format == WeightFormat::BF16) return linear_bf16(x, reinterpret_cast<const uint16_t*>(w.w), w.out, w.in);
+  if (w.format == WeightFormat::BF16) {
+    const auto* wb = reinterpret_cast<const uint16_t*>(w.w);
+    return f32 ? linear_f32(x, wb, w.out, w.in) : linear_bf16(x, wb, w.out, w.in);
+  }
   DSV4_CHECK(w.format == WeightFormat::FP8_BLOCK, "linear {}: {} weights run through moe_experts", w.name,
              weight_format_name(w.format));
   DSV4_CHECK(w.in % 128 == 0, "linear {}: input width {} is not a multiple of 128", w.name, w.in);
-  Tensor out = alloc(DType::BF16, {rows, w.out});
+  Tensor out = alloc(f32 ? DType::F32 : DType::BF16, {rows, w.out});
   if (!rows) return out;
   Tensor q = alloc(DType::U8, {rows, w.in});
   Tensor s = alloc(DType::F32, {rows, w.in / 128});
   if (gemm_ && linear_path_uses_gemm(linear_mode_, rows, fp8_gemm_min_rows(w.out, w.in)) &&
-      gemm_->fp8_via_bf16_available(rows, w.in, w.out)) {
+      gemm_->fp8_via_bf16_available(rows, w.in, w.out, f32)) {
     // Both operands as their exact bf16 values, one bf16 GEMM (linear_gemm.h).
     Tensor xb = alloc(DType::BF16, {rows, w.in}), wb = alloc(DType::BF16, {w.out, w.in});
     gemm_->fp8_via_bf16(x.ptr<uint16_t>(), rows, w.in, w.w, w.scale, w.out, q.ptr<uint8_t>(), s.ptr<float>(),
-                        xb.ptr<uint16_t>(), wb.ptr<uint16_t>(), out.ptr<uint16_t>(), stream());
+                        xb.ptr<uint16_t>(), wb.ptr<uint16_t>(), out.data, stream(), f32);
     return out;
   }
-  linear_fp8_block(x.ptr<uint16_t>(), rows, w.in, w.w, w.scale, w.out, q.ptr<uint8_t>(), s.ptr<float>(),
-                   out.ptr<uint16_t>(), stream());
+  linear_fp8_block(x.ptr<uint16_t>(), rows, w.in, w.w, w.scale, w.out, q.ptr<uint8_t>(), s.ptr<float>(), out.data,
+                   stream(), f32);
   return out;
 }
 

@@ -29,6 +29,7 @@ namespace dsv4::cuda {
 class IndexerWorkspace;
 class SparseMlaPlan;
 class MoeWorkspace;
+enum class MoeFp4Path : uint8_t;
 
 // Device memory handed out by size class and kept for reuse (stream-ordered: one stream).
 // While a step is recorded, blocks come from the recordings' own free blocks, else from the free
@@ -55,10 +56,13 @@ class DeviceMemoryPool {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend();
+  // On GPU `device` (made the calling thread's current device): every later call into this backend
+  // comes from a thread whose current device that is — a tensor-parallel rank's own thread.
+  explicit CudaBackend(int device = 0);
   ~CudaBackend() override;
   std::string name() const override;
   cudaStream_t stream() const { return stream_.get(); }
+  int device() const { return device_.index; }
 
   const void* place_weight(const void* host, size_t bytes) override;
   void prepare_experts(MoeWeights& w, float swiglu_limit) override;
@@ -91,6 +95,7 @@ class CudaBackend final : public Backend {
   Tensor scale(const Tensor& x, float s) override;
 
   Tensor linear(const Tensor& x, const LinearWeight& w) override;
+  Tensor linear_partial(const Tensor& x, const LinearWeight& w) override;
   Tensor linear_bf16(const Tensor& x, const uint16_t* w, int out, int in) override;
   Tensor linear_f32(const Tensor& x, const uint16_t* w, int out, int in) override;
   Tensor grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) override;
@@ -117,6 +122,8 @@ class CudaBackend final : public Backend {
 
   Routing route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) override;
   Tensor moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override;
+  Tensor moe_expert_partials(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override;
+  Tensor moe_combine(const Tensor& partials, const Routing& r) override;
 
   Tensor logits(const Tensor& h, const uint16_t* head, int vocab) override;
   Tensor sample(const Tensor& logits, const Tensor& params, const Tensor& counters) override;
@@ -129,6 +136,9 @@ class CudaBackend final : public Backend {
   // so no address a recorded step uses as scratch is ever handed to state (DESIGN §3.2).
   Tensor alloc_state(DType dtype, std::vector<int64_t> shape);
   SparseMlaPlan& attention_plan(int queries, int heads, int list_len);
+  Tensor linear_out(const Tensor& x, const LinearWeight& w, bool f32);  // linear, or linear_partial with f32
+  // The shared expert's SwiGLU hidden (SPEC §3.7) on the FP8 linears: bf16 [T, I].
+  Tensor shared_expert_hidden(const Tensor& x, const ExpertWeights& shared, float swiglu_limit);
   // The bf16-weight linears (linear_bf16w's arguments): cuBLASLt where the path mode and the rows
   // choose it and it can run the shape with bf16 x, else the CUDA-core kernel.
   void dense_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,
@@ -137,6 +147,11 @@ class CudaBackend final : public Backend {
   std::string attention_paths() const;
   IndexerWorkspace& indexer_workspace(int queries, int keys);
 
+  // First member: the device is current before the stream, the pool and the cuBLASLt handle exist.
+  struct DeviceSelection {
+    explicit DeviceSelection(int device);
+    int index;
+  } device_;
   Stream stream_;
   std::shared_ptr<DeviceMemoryPool> memory_;
   uint64_t epoch_ = 0;  // recording_epoch: bumped where memory a recording may address is replaced
@@ -144,6 +159,7 @@ class CudaBackend final : public Backend {
   std::map<std::tuple<int, int, bool>, std::unique_ptr<SparseMlaPlan>> plans_;  // (query bucket, heads, split)
   std::unique_ptr<IndexerWorkspace> indexer_ws_;
   MoeWorkspace& moe_workspace(const MoeFp4Shape& shape, int tokens, int k);
+  MoeFp4Path moe_path(const MoeFp4Shape& shape, int tokens, int k) const;  // the dispatcher's, or DSV4_MOE_PATH's
   // One scratch per expert shape, shared by the layers (they run one after another on the stream).
   std::map<std::tuple<int, int, int, int, int>, std::unique_ptr<MoeWorkspace>> moe_ws_;
   int moe_path_override_ = -1;  // DSV4_MOE_PATH (tests): a forced MoeFp4Path

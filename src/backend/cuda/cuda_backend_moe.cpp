@@ -83,7 +83,7 @@ MoeWorkspace& CudaBackend::moe_workspace(const MoeFp4Shape& shape, int tokens, i
 
 Routing CudaBackend::route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) {
   const int64_t T = x.rows();
-  const int E = int(w.experts.size());
+  const int E = w.n_routed ? w.n_routed : int(w.experts.size());  // expert parallelism binds only some experts
   const int D = int(x.numel() / std::max<int64_t>(T, 1));
   Tensor logits = linear_f32(x, w.gate, E, D);
   Routing r{alloc(DType::I32, {T, k}), alloc(DType::F32, {T, k})};
@@ -94,27 +94,74 @@ Routing CudaBackend::route(const Tensor& x, const MoeWeights& w, const Tensor& t
   return r;
 }
 
+Tensor CudaBackend::shared_expert_hidden(const Tensor& x, const ExpertWeights& shared, float swiglu_limit) {
+  const int64_t T = x.rows();
+  Tensor g = linear(x, shared.w1), u = linear(x, shared.w3);
+  const int I = shared.w1.out;
+  Tensor h = alloc(DType::BF16, {T, I});
+  swiglu(g.ptr<uint16_t>(), u.ptr<uint16_t>(), T, I, swiglu_limit, nullptr, h.ptr<uint16_t>(), stream());
+  return h;
+}
+
+namespace {
+const MoeFp4Weights& prepared_weights(const MoeWeights& w) {
+  const auto* prepared = static_cast<const PreparedExperts*>(w.prepared.get());
+  DSV4_CHECK(prepared, "moe_experts: the routed experts were not prepared for the CUDA backend");
+  return prepared->weights;
+}
+}  // namespace
+
+MoeFp4Path CudaBackend::moe_path(const MoeFp4Shape& shape, int tokens, int k) const {
+  if (moe_path_override_ >= 0 && moe_fp4_path_available(MoeFp4Path(moe_path_override_), shape))
+    return MoeFp4Path(moe_path_override_);
+  return moe_fp4_select_path(shape, tokens, k);
+}
+
 Tensor CudaBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) {
   const int64_t T = x.rows(), D = x.numel() / std::max<int64_t>(T, 1);
   Tensor out = alloc(DType::BF16, {T, D});
   if (!T) return out;
   const int k = int(r.ids.numel() / T);
   // Shared expert (SPEC §3.7): the routed experts' SwiGLU on the FP8 linears, no routing weight.
-  Tensor g = linear(x, w.shared.w1), u = linear(x, w.shared.w3);
-  const int I = w.shared.w1.out;
-  Tensor h = alloc(DType::BF16, {T, I});
-  swiglu(g.ptr<uint16_t>(), u.ptr<uint16_t>(), T, I, swiglu_limit, nullptr, h.ptr<uint16_t>(), stream());
-  Tensor ys = linear(h, w.shared.w2);
-
-  const auto* prepared = static_cast<const PreparedExperts*>(w.prepared.get());
-  DSV4_CHECK(prepared, "moe_experts: the routed experts were not prepared for the CUDA backend");
-  const MoeFp4Weights& mw = prepared->weights;
+  Tensor ys = linear(shared_expert_hidden(x, w.shared, swiglu_limit), w.shared.w2);
+  const MoeFp4Weights& mw = prepared_weights(w);
   MoeWorkspace& ws = moe_workspace(mw.shape(), int(T), k);
-  MoeFp4Path path = moe_fp4_select_path(mw.shape(), int(T), k);
-  if (moe_path_override_ >= 0 && moe_fp4_path_available(MoeFp4Path(moe_path_override_), mw.shape()))
-    path = MoeFp4Path(moe_path_override_);
-  moe_fp4_forward_path(path, mw, x.ptr<uint16_t>(), int(T), r.ids.ptr<int32_t>(), r.weights.ptr<float>(), k,
-                       ys.ptr<uint16_t>(), out.ptr<uint16_t>(), ws, stream(), MoeActivationNumerics::Fp8);
+  moe_fp4_forward_path(moe_path(mw.shape(), int(T), k), mw, x.ptr<uint16_t>(), int(T), r.ids.ptr<int32_t>(),
+                       r.weights.ptr<float>(), k, ys.ptr<uint16_t>(), out.ptr<uint16_t>(), ws, stream(),
+                       MoeActivationNumerics::Fp8);
+  return out;
+}
+
+Tensor CudaBackend::moe_expert_partials(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) {
+  const int64_t T = x.rows(), D = x.numel() / std::max<int64_t>(T, 1);
+  const int k = T ? int(r.ids.numel() / T) : 0;
+  Tensor out = alloc(DType::F32, {T, k + 1, D});
+  if (!T) return out;
+  // The shared expert's intermediate is split like a tensor-parallel expert's: its w2 partial.
+  Tensor ys = linear_partial(shared_expert_hidden(x, w.shared, swiglu_limit), w.shared.w2);
+  const MoeFp4Weights& mw = prepared_weights(w);
+  const int local = mw.shape().experts;
+  // Expert parallelism: the pairs of experts this rank holds, by local index (the others → −1).
+  Tensor local_ids = r.ids;
+  if (w.expert_begin != 0 || (w.n_routed && local != w.n_routed)) {
+    local_ids = alloc(DType::I32, {T, k});
+    moe_local_expert_ids(r.ids.ptr<int32_t>(), T * k, w.expert_begin, local, local_ids.ptr<int32_t>(), stream());
+  }
+  MoeWorkspace& ws = moe_workspace(mw.shape(), int(T), k);
+  moe_fp4_partials(moe_path(mw.shape(), int(T), k), mw, x.ptr<uint16_t>(), int(T), local_ids.ptr<int32_t>(),
+                   r.weights.ptr<float>(), k, ys.ptr<float>(), out.ptr<float>(), ws, stream(),
+                   MoeActivationNumerics::Fp8);
+  return out;
+}
+
+Tensor CudaBackend::moe_combine(const Tensor& partials, const Routing& r) {
+  const int64_t T = r.ids.rows();
+  const int k = int(r.ids.numel() / std::max<int64_t>(T, 1));
+  const int64_t D = T ? partials.numel() / (T * (k + 1)) : 0;
+  DSV4_CHECK(partials.dtype == DType::F32 && partials.numel() == T * (k + 1) * D,
+             "moe_combine: {} partials for {} rows of {} slots", partials.numel(), T, k + 1);
+  Tensor out = alloc(DType::BF16, {T, D});
+  moe_combine_partials(partials.ptr<float>(), r.ids.ptr<int32_t>(), int(T), k, int(D), out.ptr<uint16_t>(), stream());
   return out;
 }
 

@@ -3,6 +3,8 @@
 #include <cuda_runtime.h>
 
 #include <cstddef>
+#include <map>
+#include <mutex>
 #include <utility>
 #include <vector>
 
@@ -20,6 +22,25 @@
 #define DSV4_CUDA_CHECK_LAUNCH() DSV4_CUDA_CHECK(cudaGetLastError())
 
 namespace dsv4::cuda {
+
+// Raises `kernel`'s dynamic shared-memory limit to at least `bytes` on the current device (never
+// lowers it). The attribute belongs to the kernel's copy in each device's context, so a process
+// driving several GPUs (a tensor-parallel rank per GPU) raises it on each.
+inline void allow_dynamic_smem(const void* kernel, int bytes) {
+  static std::mutex mu;
+  static std::map<std::pair<int, const void*>, int> raised;
+  int device = 0;
+  DSV4_CUDA_CHECK(cudaGetDevice(&device));
+  std::lock_guard<std::mutex> lock(mu);
+  int& limit = raised[{device, kernel}];
+  if (bytes <= limit) return;
+  DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, bytes));
+  limit = bytes;
+}
+template <typename... Args>
+void allow_dynamic_smem(void (*kernel)(Args...), int bytes) {
+  allow_dynamic_smem(reinterpret_cast<const void*>(kernel), bytes);
+}
 
 // An attribute of the current device (SM count, shared memory opt-in, compute capability, …).
 inline int device_attribute(cudaDeviceAttr attr) {

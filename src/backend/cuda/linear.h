@@ -18,9 +18,10 @@ namespace dsv4::cuda {
 // caller's scratch act_q e4m3 [rows, K] and act_scale f32 [rows, K/128], then
 // y[r, n] = bf16(Σ_b sx[r, b] · sw[n/128, b] · Σ_{k ∈ b} xq·wq). w e4m3 [N, K]; w_scale ue8m0 bytes
 // [ceil(N/128), K/128]. K a positive multiple of 128; N any; rows < 2^31. w and act_q 16-byte aligned.
+// y bf16 [rows, N], or with y_f32 the f32 sums before that rounding (Backend::linear_partial).
 // Runs on the tensor cores (linear_fp8_mma.cu).
 void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
-                      uint8_t* act_q, float* act_scale, uint16_t* y, cudaStream_t stream);
+                      uint8_t* act_q, float* act_scale, void* y, cudaStream_t stream, bool y_f32 = false);
 
 // CpuBackend::linear_bf16 / linear_f32 / grouped_out_proj / logits:
 // y[r, j] = Σ_k x[r·x_row_stride + g(j)·K + k] · w[j·K + k], g(j) = j / (N / groups).

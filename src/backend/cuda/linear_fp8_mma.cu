@@ -85,7 +85,7 @@ template <int kTiles>
 __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
     linear_fp8_mma_kernel(const uint8_t* __restrict__ act_q, const float* __restrict__ act_scale, int64_t rows, int K,
                           const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_scale, int N, int splits,
-                          uint16_t* __restrict__ y) {
+                          uint16_t* __restrict__ y, float* __restrict__ y_f32) {
   __shared__ float run_sum[kWarps][kTiles * 4][32];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
   const int tile = blockIdx.y * (kWarps / splits) + warp / splits, run = warp % splits;
@@ -157,8 +157,13 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
     for (int i = 0; i < 2; ++i) {
       const int64_t r = ra + i;
       if (r >= rows) continue;
-      if (lo_ok) y[r * N + col0 + g] = bf16_bits(total[j][i]);
-      if (hi_ok) y[r * N + col0 + g + 8] = bf16_bits(total[j][2 + i]);
+      if (y_f32) {  // linear_partial: the sums before the rounding
+        if (lo_ok) y_f32[r * N + col0 + g] = total[j][i];
+        if (hi_ok) y_f32[r * N + col0 + g + 8] = total[j][2 + i];
+      } else {
+        if (lo_ok) y[r * N + col0 + g] = bf16_bits(total[j][i]);
+        if (hi_ok) y[r * N + col0 + g + 8] = bf16_bits(total[j][2 + i]);
+      }
     }
   }
 }
@@ -176,19 +181,19 @@ bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) ==
 
 template <int kTiles>
 void launch(const uint8_t* act_q, const float* act_scale, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale,
-            int N, uint16_t* y, cudaStream_t stream) {
+            int N, uint16_t* y, float* y_f32, cudaStream_t stream) {
   const int splits = k_runs(N, K);
   const int64_t tiles = (N + 15) / 16, per_block = kWarps / splits;
   // Row blocks vary fastest: the blocks of one column group run together and share its weight in L2.
   const dim3 grid(unsigned((rows + kBlockRows - 1) / kBlockRows), unsigned((tiles + per_block - 1) / per_block));
   launch_programmatic(linear_fp8_mma_kernel<kTiles>, grid, dim3(kWarps * 32), 0, stream, act_q, act_scale, rows, K, w,
-                      w_scale, N, splits, y);
+                      w_scale, N, splits, y, y_f32);
 }
 
 }  // namespace
 
 void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
-                      uint8_t* act_q, float* act_scale, uint16_t* y, cudaStream_t stream) {
+                      uint8_t* act_q, float* act_scale, void* y, cudaStream_t stream, bool y_f32) {
   if (rows < 0 || rows > INT_MAX || K <= 0 || K % 128 || N <= 0)
     fail("linear_fp8_block: {} rows, K {} (a positive multiple of 128), N {}", rows, K, N);
   if (!aligned16(w) || !aligned16(act_q)) fail("linear_fp8_block: weights and act_q must be 16-byte aligned");
@@ -198,9 +203,11 @@ void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, 
   DSV4_CUDA_CHECK_LAUNCH();
   // Tiles per block row: only as many as the rows fill (a row's arithmetic is the same in each).
   const int64_t tiles = std::min<int64_t>((rows + 7) / 8, kMaxTiles);
-  if (tiles == 1) launch<1>(act_q, act_scale, rows, K, w, w_scale, N, y, stream);
-  else if (tiles == 2) launch<2>(act_q, act_scale, rows, K, w, w_scale, N, y, stream);
-  else launch<4>(act_q, act_scale, rows, K, w, w_scale, N, y, stream);
+  uint16_t* yb = y_f32 ? nullptr : static_cast<uint16_t*>(y);
+  float* yf = y_f32 ? static_cast<float*>(y) : nullptr;
+  if (tiles == 1) launch<1>(act_q, act_scale, rows, K, w, w_scale, N, yb, yf, stream);
+  else if (tiles == 2) launch<2>(act_q, act_scale, rows, K, w, w_scale, N, yb, yf, stream);
+  else launch<4>(act_q, act_scale, rows, K, w, w_scale, N, yb, yf, stream);
   DSV4_CUDA_CHECK_LAUNCH();
 }
 

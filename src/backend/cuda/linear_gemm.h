@@ -91,10 +91,13 @@ class LinearGemm {
   // is what the backend runs: fp8_block's block-scaled FP8 accumulates each 128-block below f32 on
   // Hopper and leaves that bound (1–2% of outputs, up to ~2800× it; golden layer_out.0 at 5.3e-2
   // against the 3e-2 limit), so it is kept for the benchmark's comparison only.
-  bool fp8_via_bf16_available(int64_t rows, int K, int N) { return bf16_available(rows, K, K, 1, N, false); }
+  // y_f32: y is the f32 sums before the rounding instead (Backend::linear_partial).
+  bool fp8_via_bf16_available(int64_t rows, int K, int N, bool y_f32 = false) {
+    return bf16_available(rows, K, K, 1, N, y_f32);
+  }
   void fp8_via_bf16(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
-                    uint8_t* act_q, float* act_scale, uint16_t* x_bf16, uint16_t* w_bf16, uint16_t* y,
-                    cudaStream_t stream);
+                    uint8_t* act_q, float* act_scale, uint16_t* x_bf16, uint16_t* w_bf16, void* y,
+                    cudaStream_t stream, bool y_f32 = false);
 
   // Whether fp8_block can run this shape (host only; the heuristic query is made once per shape).
   bool fp8_block_available(int64_t rows, int K, int N);

@@ -56,6 +56,10 @@ __device__ __forceinline__ void store_outputs(const GemmArgs& p, int expert, int
       float silu = gate / (1.f + expf(-gate));
       float h = silu * up * p.topk_weights[pair];
       p.out[size_t(pair) * p.out_cols + 8 * tile + g] = __float2bfloat16_rn(h);
+    } else if (p.partials) {
+      float* o = moe_detail::partial_row(p.partials, pair, p.partial_k, p.out_cols) + 16 * tile + g;
+      o[0] = v[c] * fac[kDownFactor];
+      o[8] = v[2 + c] * fac[kDownFactor];
     } else {
       __nv_bfloat16* o = p.out + size_t(pair) * p.out_cols + 16 * tile + g;
       o[0] = __float2bfloat16_rn(v[c] * fac[kDownFactor]);
@@ -237,7 +241,7 @@ W4a8Args w4a8_args(const MoeFp4Weights& w, bool gate_up, const float* topk_weigh
 // W4A8: quantise x, gate-up, quantise the SwiGLU output (every pair's row; rows of pairs with no
 // expert are never read), down.
 void run_w4a8(const MoeFp4Weights& w, const uint16_t* x, int tokens, const float* topk_weights, int k,
-              MoeWorkspace& ws, cudaStream_t stream) {
+              float* partials, MoeWorkspace& ws, cudaStream_t stream) {
   const int D = w.shape().hidden, I = w.shape().inter;
   const int max_slots = std::min(w.shape().experts, tokens * k);
   // The kernel addresses activation rows with 32-bit offsets (row · K).
@@ -246,12 +250,15 @@ void run_w4a8(const MoeFp4Weights& w, const uint16_t* x, int tokens, const float
   act_quant_fp8(x, tokens, D, ws.act_fp8.get(), ws.act_scale.get(), stream);
   moe_detail::moe_w4a8_gemm(true, w4a8_args(w, true, topk_weights, k, ws), max_slots, stream);
   act_quant_fp8(ws.hidden_act.get(), tokens * k, I, ws.act_fp8.get(), ws.act_scale.get(), stream);
-  moe_detail::moe_w4a8_gemm(false, w4a8_args(w, false, topk_weights, k, ws), max_slots, stream);
+  W4a8Args down = w4a8_args(w, false, topk_weights, k, ws);
+  down.partials = partials;
+  down.partial_k = k;
+  moe_detail::moe_w4a8_gemm(false, down, max_slots, stream);
 }
 
 template <MoeFp4Format F>
 void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int tokens, const float* topk_weights,
-              int k, MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics) {
+              int k, float* partials, MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics) {
   const int D = w.shape().hidden, I = w.shape().inter;
   const int max_slots = std::min(w.shape().experts, tokens * k);
   const bool fp8 = numerics == MoeActivationNumerics::Fp8;
@@ -264,7 +271,10 @@ void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int to
   auto between = [&] {
     if (fp8) fp8_simulate_activations(ws.hidden_act.get(), int64_t(tokens) * k, I, stream);
   };
-  const GemmArgs gu = gate_up_args(w, x, topk_weights, k, ws), dn = down_args(w, topk_weights, ws);
+  const GemmArgs gu = gate_up_args(w, x, topk_weights, k, ws);
+  GemmArgs dn = down_args(w, topk_weights, ws);
+  dn.partials = partials;
+  dn.partial_k = k;
   if (path == MoeFp4Path::W4A16Stream) {
     moe_detail::moe_fp4_stream_gemm(F, true, gu, 2 * I, stream);
     between();
@@ -343,6 +353,7 @@ std::vector<KernelLaunch> moe_fp4_kernel_launches(const MoeFp4Shape& shape, cons
   }
   if (moe_fp4_path_available(MoeFp4Path::W4A8, shape, limits))
     for (bool gate_up : {true, false}) out.push_back(moe_detail::moe_w4a8_launch(gate_up));
+  if (moe_fp4_path_available(MoeFp4Path::W4A8, shape, limits)) out.push_back(moe_detail::moe_w4a8_launch(false, true));
   for (const KernelLaunch& k : moe_routing_kernel_launches()) out.push_back(k);
   return out;
 }
@@ -357,11 +368,14 @@ const char* moe_fp4_path_name(MoeFp4Path path) {
   return "?";
 }
 
-void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int tokens,
-                          const int32_t* topk_ids, const float* topk_weights, int k, const uint16_t* shared_or_null,
-                          uint16_t* out, MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics) {
+namespace {
+
+// Routing and both GEMMs of the forward: each pair's bf16 output in ws.expert_out, or with
+// `partials` its f32 output there (moe_fp4_partials).
+void run_experts(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int tokens, const int32_t* topk_ids,
+                 const float* topk_weights, int k, float* partials, MoeWorkspace& ws, cudaStream_t stream,
+                 MoeActivationNumerics numerics) {
   const MoeFp4Shape& s = w.shape();
-  if (tokens <= 0) return;
   if (tokens > ws.max_tokens() || k != ws.k())
     fail("moe_fp4_forward: {} tokens × k {} exceed the workspace ({} tokens × k {})", tokens, k, ws.max_tokens(), ws.k());
   if (!moe_fp4_path_available(path, s))
@@ -371,13 +385,30 @@ void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_
   moe_route_pairs(topk_ids, tokens, k, s.experts, path == MoeFp4Path::W4A16Stream, ws, stream);
   if (path == MoeFp4Path::W4A8) {
     if (ws.act_fp8.size() == 0 || !w.has_w4a8()) fail("moe_fp4_forward: W4A8 needs an MXFP4 layer and workspace");
-    run_w4a8(w, x, tokens, topk_weights, k, ws, stream);
+    run_w4a8(w, x, tokens, topk_weights, k, partials, ws, stream);
   } else if (s.format == MoeFp4Format::Mxfp4) {
-    run_path<MoeFp4Format::Mxfp4>(path, w, x, tokens, topk_weights, k, ws, stream, numerics);
+    run_path<MoeFp4Format::Mxfp4>(path, w, x, tokens, topk_weights, k, partials, ws, stream, numerics);
   } else {
-    run_path<MoeFp4Format::Nvfp4>(path, w, x, tokens, topk_weights, k, ws, stream, numerics);
+    run_path<MoeFp4Format::Nvfp4>(path, w, x, tokens, topk_weights, k, partials, ws, stream, numerics);
   }
-  moe_combine(ws.expert_out.get(), topk_ids, tokens, k, s.experts, s.hidden, shared_or_null, out, stream);
+}
+
+}  // namespace
+
+void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int tokens,
+                          const int32_t* topk_ids, const float* topk_weights, int k, const uint16_t* shared_or_null,
+                          uint16_t* out, MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics) {
+  if (tokens <= 0) return;
+  run_experts(path, w, x, tokens, topk_ids, topk_weights, k, nullptr, ws, stream, numerics);
+  moe_combine(ws.expert_out.get(), topk_ids, tokens, k, w.shape().experts, w.shape().hidden, shared_or_null, out, stream);
+}
+
+void moe_fp4_partials(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int tokens, const int32_t* topk_ids,
+                      const float* topk_weights, int k, const float* shared_or_null, float* partials, MoeWorkspace& ws,
+                      cudaStream_t stream, MoeActivationNumerics numerics) {
+  if (tokens <= 0) return;
+  run_experts(path, w, x, tokens, topk_ids, topk_weights, k, partials, ws, stream, numerics);
+  moe_partials_finish(topk_ids, tokens, k, w.shape().experts, w.shape().hidden, shared_or_null, partials, stream);
 }
 
 void moe_fp4_forward(const MoeFp4Weights& w, const uint16_t* x, int tokens, const int32_t* topk_ids,

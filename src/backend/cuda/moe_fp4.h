@@ -142,6 +142,17 @@ void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& weights, const u
                           const uint16_t* shared_or_null, uint16_t* out, MoeWorkspace& ws, cudaStream_t stream,
                           MoeActivationNumerics numerics = MoeActivationNumerics::Bf16);
 
+// A tensor-parallel rank's part of the forward (Backend::moe_expert_partials): partials f32
+// [tokens, k + 1, D] get, in row t·(k+1)+j, pair (t, j)'s down output before its bf16 rounding —
+// the rank's sum over its slice of the intermediate dimension — or 0 where topk_ids[t·k+j] is
+// outside [0, E) (an expert another rank holds); row t·(k+1)+k gets shared_or_null's row t (f32
+// [tokens, D]; 0 where null). Unsplit, moe_combine_partials of these is moe_fp4_forward_path's out,
+// bit for bit. The same paths, numerics and workspace as the forward.
+void moe_fp4_partials(MoeFp4Path path, const MoeFp4Weights& weights, const uint16_t* x, int tokens,
+                      const int32_t* topk_ids, const float* topk_weights, int k, const float* shared_or_null,
+                      float* partials, MoeWorkspace& ws, cudaStream_t stream,
+                      MoeActivationNumerics numerics = MoeActivationNumerics::Bf16);
+
 // Routing-side kernels (moe_routing.cu).
 // Groups the tokens·k pairs by expert into ws (slots, sorted_pairs and, with_passes, the passes the
 // streaming kernel reads); one block, no host sync.
@@ -150,6 +161,15 @@ void moe_route_pairs(const int32_t* topk_ids, int tokens, int k, int experts, bo
 // out[t] = bf( Σ_j expert_out[t·k+j] (in order of expert id) + shared[t] ).
 void moe_combine(const uint16_t* expert_out, const int32_t* topk_ids, int tokens, int k, int experts, int hidden,
                  const uint16_t* shared_or_null, uint16_t* out, cudaStream_t stream);
+// moe_fp4_partials' last step: the rows of pairs outside [0, experts) zeroed, the shared rows filled.
+void moe_partials_finish(const int32_t* topk_ids, int tokens, int k, int experts, int hidden, const float* shared_or_null,
+                         float* partials, cudaStream_t stream);
+// Summed partials (f32 [tokens, k + 1, hidden]) → out bf16 [tokens, hidden] as moe_combine ends:
+// every row rounded to bf16 first, the pairs with ids ≥ 0 in order of expert id, then row k.
+void moe_combine_partials(const float* partials, const int32_t* topk_ids, int tokens, int k, int hidden, uint16_t* out,
+                          cudaStream_t stream);
+// ids[i] − begin where that lies in [0, count), else −1: an expert-parallel rank's local expert ids.
+void moe_local_expert_ids(const int32_t* ids, int64_t n, int begin, int count, int32_t* out, cudaStream_t stream);
 // The routing and combine kernels' launches (moe_fp4_kernel_launches).
 std::vector<KernelLaunch> moe_routing_kernel_launches();
 

@@ -32,7 +32,16 @@ struct GemmArgs {
   float swiglu_limit;
   __nv_bfloat16* out;         // gate-up: hidden_act [pairs, I]; down: expert_out [pairs, D]
   int out_cols;               // I or D
+  // Down only, for a tensor-parallel rank (moe_fp4_partials): each pair's output before its bf16
+  // rounding, f32 [tokens, partial_k + 1, D] with pair t·k+j at row t·(k+1)+j; out is not written.
+  float* partials;
+  int partial_k;
 };
+
+// Where a pair's f32 partial row starts (GemmArgs::partials).
+__device__ __forceinline__ float* partial_row(float* partials, int pair, int k, int cols) {
+  return partials + size_t(pair + pair / k) * cols;
+}
 
 // A MoeFp4Format template argument as the demangler prints it (the kernel names of KernelLaunch).
 inline std::string format_template_arg(MoeFp4Format f) { return "(dsv4::MoeFp4Format)" + std::to_string(int(f)); }
@@ -90,6 +99,10 @@ __device__ __forceinline__ void store_fragment(const GemmArgs& p, int tile, int 
     float up = fminf(fmaxf(bf16_round(hi * fac1), -p.swiglu_limit), p.swiglu_limit);
     float h = gate / (1.f + expf(-gate)) * up * topk_w;
     p.out[size_t(pair) * p.out_cols + 8 * tile + g] = __float2bfloat16_rn(h);
+  } else if (p.partials) {
+    float* o = partial_row(p.partials, pair, p.partial_k, p.out_cols) + 16 * tile + g;
+    o[0] = lo * fac0;
+    o[8] = hi * fac0;
   } else {
     __nv_bfloat16* o = p.out + size_t(pair) * p.out_cols + 16 * tile + g;
     o[0] = __float2bfloat16_rn(lo * fac0);
@@ -131,10 +144,12 @@ struct W4a8Args {
   __nv_bfloat16* out;         // gate-up: hidden_act [pairs, I]; down: expert_out [pairs, D]
   int out_cols;
   int max_slots;              // slots that may be active (set by moe_w4a8_gemm)
+  float* partials;            // as GemmArgs::partials
+  int partial_k;
 };
 // Whether the current device runs the W4A8 kernels (an sm_90 GPU, and the build has sm_90a code).
 bool moe_w4a8_supported();
 void moe_w4a8_gemm(bool gate_up, const W4a8Args& args, int max_slots, cudaStream_t stream);
-KernelLaunch moe_w4a8_launch(bool gate_up);
+KernelLaunch moe_w4a8_launch(bool gate_up, bool partials = false);  // partials: the down GEMM with f32 outputs
 
 }  // namespace dsv4::cuda::moe_detail

@@ -231,13 +231,9 @@ SmemLayout layout_for(MoeFp4Format f, int K, size_t optin) {
 template <MoeFp4Format F, bool kGateUp, int UPS>
 void launch(const GemmArgs& a, int rows, cudaStream_t stream) {
   static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
-  static size_t raised = 0;  // per instantiation: the limit is an attribute of the function
   const SmemLayout l = layout_for(F, a.K, current_device_limits().smem_per_block_optin);
   auto kernel = moe_fp4_stream_kernel<F, kGateUp, UPS>;
-  if (l.total > raised) {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, int(l.total)));
-    raised = l.total;
-  }
+  allow_dynamic_smem(kernel, int(l.total));
   launch_programmatic(kernel, dim3(sms), dim3(kThreads), l.total, stream, a, rows / kMoeUnitRows, l.stages,
                       uint32_t(l.scales), uint32_t(l.partial), uint32_t(l.bars));
 }

@@ -194,11 +194,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_fp4_tiled_kernel(GemmArgs p, 
 template <MoeFp4Format F, bool kGateUp>
 void launch(const GemmArgs& args, int rows, int max_slots, cudaStream_t stream) {
   auto kernel = moe_fp4_tiled_kernel<F, kGateUp>;
-  static const bool configured = [&] {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    return true;
-  }();
-  (void)configured;
+  allow_dynamic_smem(kernel, kSmemBytes);
   launch_programmatic(kernel, dim3((rows + kBlockRows - 1) / kBlockRows, max_slots), dim3(kThreads), kSmemBytes,
                       stream, args, rows);
 }

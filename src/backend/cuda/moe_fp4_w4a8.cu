@@ -106,7 +106,9 @@ __device__ __forceinline__ void slice_to_e4m3(uint4 w, uint2 table_g, uint2 tabl
 }
 #endif
 
-template <bool kGateUp>
+// kPartials (down only): the f32 outputs into W4a8Args::partials (a template argument: the branch
+// alone made the down kernel spill).
+template <bool kGateUp, bool kPartials>
 __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) {
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
   extern __shared__ uint8_t smem_raw[];
@@ -299,6 +301,7 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
       const int pair = pair_of[h];
       if (pair < 0) continue;
       __nv_bfloat16* out = p.out + size_t(pair) * p.out_cols;
+      float* partial = kPartials ? partial_row(p.partials, pair, p.partial_k, p.out_cols) + kTileN * n_tile + 2 * q : nullptr;
 #pragma unroll
       for (int j = 0; j < kTileN / 8; ++j) {
         const float v0 = acc[4 * j + 2 * h] * rs[j].x, v1 = acc[4 * j + 2 * h + 1] * rs[j].y;
@@ -307,6 +310,8 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
           const float gate = fminf(bf16_round(v0), p.swiglu_limit);
           const float up = fminf(fmaxf(bf16_round(v1), -p.swiglu_limit), p.swiglu_limit);
           out[(kTileN / 2) * n_tile + 4 * j + q] = __float2bfloat16_rn(gate / (1.f + expf(-gate)) * up * topk_w[h]);
+        } else if (kPartials) {
+          *reinterpret_cast<float2*>(partial + 8 * j) = make_float2(v0, v1);
         } else {
           *reinterpret_cast<__nv_bfloat162*>(out + kTileN * n_tile + 8 * j + 2 * q) = __floats2bfloat162_rn(v0, v1);
         }
@@ -320,24 +325,26 @@ __global__ void __launch_bounds__(kThreads, 1) moe_w4a8_gemm_kernel(W4a8Args p) 
 
 }  // namespace
 
-KernelLaunch moe_w4a8_launch(bool gate_up) {
-  return {gate_up ? "moe_w4a8_gemm_kernel<true>" : "moe_w4a8_gemm_kernel<false>", kThreads, size_t(kSmemBytes)};
+KernelLaunch moe_w4a8_launch(bool gate_up, bool partials) {
+  return {gate_up    ? "moe_w4a8_gemm_kernel<true, false>"
+          : partials ? "moe_w4a8_gemm_kernel<false, true>"
+                     : "moe_w4a8_gemm_kernel<false, false>",
+          kThreads, size_t(kSmemBytes)};
 }
 
 bool moe_w4a8_supported() {
-  static const bool supported = runs_sm90a_code(moe_w4a8_gemm_kernel<true>, moe_w4a8_gemm_kernel<false>);
+  static const bool supported = runs_sm90a_code(moe_w4a8_gemm_kernel<true, false>, moe_w4a8_gemm_kernel<false, false>,
+                                                moe_w4a8_gemm_kernel<false, true>);
   return supported;
 }
 
 void moe_w4a8_gemm(bool gate_up, const W4a8Args& args, int max_slots, cudaStream_t stream) {
   if (!moe_w4a8_supported()) fail("moe_fp4: the W4A8 path needs an sm_90 GPU and a build with sm_90a");
   if (args.rows % kTileN || args.K % kTileK) fail("moe_fp4 W4A8: rows {} and K {} must be multiples of 128", args.rows, args.K);
-  auto kernel = gate_up ? moe_w4a8_gemm_kernel<true> : moe_w4a8_gemm_kernel<false>;
-  static bool configured[2] = {false, false};
-  if (!configured[gate_up]) {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, kSmemBytes));
-    configured[gate_up] = true;
-  }
+  auto kernel = gate_up          ? moe_w4a8_gemm_kernel<true, false>
+                : args.partials ? moe_w4a8_gemm_kernel<false, true>
+                                : moe_w4a8_gemm_kernel<false, false>;
+  allow_dynamic_smem(kernel, kSmemBytes);
   static const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   W4a8Args a = args;
   a.max_slots = max_slots;

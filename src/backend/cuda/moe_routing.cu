@@ -7,6 +7,7 @@
 #include <cuda_bf16.h>
 
 #include <algorithm>
+#include <climits>
 
 #include "backend/cuda/moe_fp4.h"
 #include "backend/cuda/ptx_primitives.cuh"
@@ -108,23 +109,16 @@ __device__ __forceinline__ void add_bf16x8(float (&sum)[8], const uint4& v) {
   }
 }
 
-// One thread = 8 channels of one token. The pairs' order (by expert id, then j) is settled first,
-// then all their loads go out together: one memory latency instead of one per expert.
-__global__ void moe_combine_kernel(const __nv_bfloat16* expert_out, const int32_t* ids, int k, int experts, int hidden,
-                                   const __nv_bfloat16* shared, __nv_bfloat16* out) {
-  pdl_wait();  // the down GEMM's expert outputs
-  pdl_launch_dependents();
-  const int t = blockIdx.y;
-  const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
-  if (c0 >= hidden) return;
+// The order in which one token's pairs are summed (by expert id, then j): order[r] = the r-th pair's
+// j, −1 past the pairs whose ids lie in [0, experts).
+__device__ __forceinline__ void pair_order(const int32_t* ids, int k, int experts, int (&order)[kMaxK]) {
   int key[kMaxK];  // id·kMaxK + j, INT_MAX for pairs outside [0, E)
 #pragma unroll
   for (int j = 0; j < kMaxK; ++j) {
-    const int e = j < k ? __ldg(&ids[t * k + j]) : -1;
+    const int e = j < k ? __ldg(&ids[j]) : -1;
     key[j] = e >= 0 && e < experts ? e * kMaxK + j : INT_MAX;
   }
   // Rank of each pair = number of smaller keys (keys are unique): slot r holds the r-th pair.
-  int order[kMaxK];
 #pragma unroll
   for (int r = 0; r < kMaxK; ++r) order[r] = -1;
 #pragma unroll
@@ -136,6 +130,27 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* expert_out, const int32_
     for (int r = 0; r < kMaxK; ++r)
       if (r == rank && key[j] != INT_MAX) order[r] = j;
   }
+}
+
+__device__ __forceinline__ uint4 pack_bf16x8(const float (&sum)[8]) {
+  uint4 o;
+  __nv_bfloat162* ho = reinterpret_cast<__nv_bfloat162*>(&o);
+#pragma unroll
+  for (int i = 0; i < 4; ++i) ho[i] = __floats2bfloat162_rn(sum[2 * i], sum[2 * i + 1]);
+  return o;
+}
+
+// One thread = 8 channels of one token. The pairs' order is settled first, then all their loads go
+// out together: one memory latency instead of one per expert.
+__global__ void moe_combine_kernel(const __nv_bfloat16* expert_out, const int32_t* ids, int k, int experts, int hidden,
+                                   const __nv_bfloat16* shared, __nv_bfloat16* out) {
+  pdl_wait();  // the down GEMM's expert outputs
+  pdl_launch_dependents();
+  const int t = blockIdx.y;
+  const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
+  if (c0 >= hidden) return;
+  int order[kMaxK];
+  pair_order(ids + size_t(t) * k, k, experts, order);
   uint4 v[kMaxK];
 #pragma unroll
   for (int r = 0; r < kMaxK; ++r)
@@ -147,11 +162,61 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* expert_out, const int32_
   for (int r = 0; r < kMaxK; ++r)
     if (order[r] >= 0) add_bf16x8(sum, v[r]);
   if (shared) add_bf16x8(sum, sv);
-  uint4 o;
-  __nv_bfloat162* ho = reinterpret_cast<__nv_bfloat162*>(&o);
+  *reinterpret_cast<uint4*>(out + size_t(t) * hidden + c0) = pack_bf16x8(sum);
+}
+
+// Adds 8 f32 channels, each rounded to bf16 first (an expert output's rounding in the reference).
+__device__ __forceinline__ void add_rounded_f32x8(float (&sum)[8], const float* p) {
+  const float4 a = __ldg(reinterpret_cast<const float4*>(p)), b = __ldg(reinterpret_cast<const float4*>(p + 4));
+  const float v[8] = {a.x, a.y, a.z, a.w, b.x, b.y, b.z, b.w};
 #pragma unroll
-  for (int i = 0; i < 4; ++i) ho[i] = __floats2bfloat162_rn(sum[2 * i], sum[2 * i + 1]);
-  *reinterpret_cast<uint4*>(out + size_t(t) * hidden + c0) = o;
+  for (int i = 0; i < 8; ++i) sum[i] += __bfloat162float(__float2bfloat16_rn(v[i]));
+}
+
+// moe_combine over summed f32 partials [tokens, k + 1, hidden]: one thread = 8 channels of a token.
+__global__ void moe_combine_partials_kernel(const float* partials, const int32_t* ids, int k, int hidden,
+                                            __nv_bfloat16* out) {
+  pdl_wait();  // the all-reduce of the partials
+  pdl_launch_dependents();
+  const int t = blockIdx.x;
+  const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
+  if (c0 >= hidden) return;
+  int order[kMaxK];
+  pair_order(ids + size_t(t) * k, k, INT_MAX, order);
+  const float* row = partials + size_t(t) * (k + 1) * hidden + c0;
+  float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
+#pragma unroll
+  for (int r = 0; r < kMaxK; ++r)
+    if (order[r] >= 0) add_rounded_f32x8(sum, row + size_t(order[r]) * hidden);
+  add_rounded_f32x8(sum, row + size_t(k) * hidden);
+  *reinterpret_cast<uint4*>(out + size_t(t) * hidden + c0) = pack_bf16x8(sum);
+}
+
+// Grid (tokens·(k + 1) rows, channel groups of 4): zero the rows of pairs the down GEMM did not write,
+// copy the shared expert's row into slot k.
+__global__ void moe_partials_finish_kernel(const int32_t* ids, int k, int experts, int hidden, const float* shared,
+                                           float* partials) {
+  pdl_wait();  // the down GEMM
+  pdl_launch_dependents();
+  const int row = blockIdx.x, t = row / (k + 1), j = row % (k + 1);
+  const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) * 4;
+  if (c0 >= hidden) return;
+  float4* dst = reinterpret_cast<float4*>(partials + size_t(row) * hidden + c0);
+  if (j == k) {
+    *dst = shared ? __ldg(reinterpret_cast<const float4*>(shared + size_t(t) * hidden + c0)) : make_float4(0.f, 0.f, 0.f, 0.f);
+    return;
+  }
+  const int e = __ldg(&ids[size_t(t) * k + j]);
+  if (e < 0 || e >= experts) *dst = make_float4(0.f, 0.f, 0.f, 0.f);
+}
+
+__global__ void moe_local_expert_ids_kernel(const int32_t* ids, int64_t n, int begin, int count, int32_t* out) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x;
+  if (i >= n) return;
+  const int e = ids[i] - begin;
+  out[i] = e >= 0 && e < count ? e : -1;
 }
 
 }  // namespace
@@ -174,8 +239,36 @@ void moe_combine(const uint16_t* expert_out, const int32_t* topk_ids, int tokens
                       reinterpret_cast<const __nv_bfloat16*>(shared_or_null), reinterpret_cast<__nv_bfloat16*>(out));
 }
 
+void moe_partials_finish(const int32_t* topk_ids, int tokens, int k, int experts, int hidden, const float* shared_or_null,
+                         float* partials, cudaStream_t stream) {
+  if (hidden % 4 || tokens * int64_t(k + 1) > INT_MAX) fail("moe_partials_finish: hidden {} (multiple of 4), {} tokens", hidden, tokens);
+  if (tokens <= 0) return;
+  dim3 grid(unsigned(tokens * (k + 1)), (hidden / 4 + kCombineThreads - 1) / kCombineThreads);
+  launch_programmatic(moe_partials_finish_kernel, grid, dim3(kCombineThreads), 0, stream, topk_ids, k, experts, hidden,
+                      shared_or_null, partials);
+}
+
+void moe_combine_partials(const float* partials, const int32_t* topk_ids, int tokens, int k, int hidden, uint16_t* out,
+                          cudaStream_t stream) {
+  if (k > kMaxK || hidden % 8) fail("moe_combine_partials: k {} (at most {}) / hidden {} (multiple of 8)", k, kMaxK, hidden);
+  if (tokens <= 0) return;
+  dim3 grid(unsigned(tokens), (hidden / 8 + kCombineThreads - 1) / kCombineThreads);
+  launch_programmatic(moe_combine_partials_kernel, grid, dim3(kCombineThreads), 0, stream, partials, topk_ids, k, hidden,
+                      reinterpret_cast<__nv_bfloat16*>(out));
+}
+
+void moe_local_expert_ids(const int32_t* ids, int64_t n, int begin, int count, int32_t* out, cudaStream_t stream) {
+  if (n <= 0) return;
+  launch_programmatic(moe_local_expert_ids_kernel, dim3(unsigned((n + 255) / 256)), dim3(256), 0, stream, ids, n, begin,
+                      count, out);
+}
+
 std::vector<KernelLaunch> moe_routing_kernel_launches() {
-  return {{"moe_route_kernel", kRouteThreads, 0}, {"moe_combine_kernel", kCombineThreads, 0}};
+  return {{"moe_route_kernel", kRouteThreads, 0},
+          {"moe_combine_kernel", kCombineThreads, 0},
+          {"moe_combine_partials_kernel", kCombineThreads, 0},
+          {"moe_partials_finish_kernel", kCombineThreads, 0},
+          {"moe_local_expert_ids_kernel", 256, 0}};
 }
 
 }  // namespace dsv4::cuda

@@ -24,7 +24,7 @@ __global__ void __launch_bounds__(kThreads) random_fill_kernel(RandomFill f, voi
       static_cast<uint8_t*>(dst)[i] = f.byte;
       continue;
     }
-    const uint64_t r = random_mix(f.stream ^ uint64_t(i) * kRandomFillIndexMix);
+    const uint64_t r = random_fill_number(f, i);
     switch (f.kind) {
       case RandomFill::Kind::Bf16Uniform:
         static_cast<uint16_t*>(dst)[i] = bf16_rne(__fadd_rn(f.mean, __fmul_rn(f.amp, random_unit(r))));

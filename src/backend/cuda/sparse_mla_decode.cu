@@ -491,10 +491,8 @@ struct Config {
   static int ctas_per_sm() {
     const int optin = device_attribute(cudaDevAttrMaxSharedMemoryPerBlockOptin);
     if (L::bytes > optin) return 0;  // sparse_mla_select_tile never picks it
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_decode_kernel<kHeads, kBlock, kSplit>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, L::bytes));
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_decode_kernel<kHeads, kBlock, kSplit, true>,
-                                         cudaFuncAttributeMaxDynamicSharedMemorySize, L::bytes));
+    allow_dynamic_smem(sparse_mla_decode_kernel<kHeads, kBlock, kSplit>, L::bytes);
+    allow_dynamic_smem(sparse_mla_decode_kernel<kHeads, kBlock, kSplit, true>, L::bytes);
     int blocks = 0;
     DSV4_CUDA_CHECK(cudaOccupancyMaxActiveBlocksPerMultiprocessor(
         &blocks, sparse_mla_decode_kernel<kHeads, kBlock, kSplit>, L::kThreads, L::bytes));

@@ -522,12 +522,7 @@ bool sparse_mla_wgmma_supported() {
 }
 
 void sparse_mla_wgmma_launch(int grid, const KernelParams& kp, cudaStream_t stream) {
-  static const bool configured = [] {
-    DSV4_CUDA_CHECK(cudaFuncSetAttribute(sparse_mla_wgmma_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize,
-                                         kSmemBytes));
-    return true;
-  }();
-  (void)configured;
+  allow_dynamic_smem(sparse_mla_wgmma_kernel, kSmemBytes);
   launch_programmatic(sparse_mla_wgmma_kernel, dim3(grid), dim3(kThreads), kSmemBytes, stream, kp);
 }
 
