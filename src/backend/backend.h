@@ -7,6 +7,7 @@
 // (SPEC §2–§3); a backend that deviates names the deviation where it happens.
 #pragma once
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -129,6 +130,10 @@ class Backend {
   virtual void prepare_experts(MoeWeights& w, float swiglu_limit) {}
   // Waits for the work enqueued so far (a no-op on the CPU); timing and tests use it.
   virtual void synchronize() {}
+  // A collective of a split model (`run` enqueues it on this backend's queue: a Communicator call)
+  // on tensor x, named `op` ("all_reduce"): run as an op of this backend, so a profiling backend
+  // times it like the others.
+  virtual void collective(const std::string& op, const Tensor& x, const std::function<void()>& run) { run(); }
   // Records the ops called between begin_capture and end_capture instead of running them; replay
   // runs the recording. Only a backend that can_capture() implements these; a host read or a
   // synchronisation while capturing is an error.

@@ -109,6 +109,11 @@ double rows(const Tensor& x) { return double(x.rows()); }
 Tensor ProfilingBackend::from_host(DType dtype, std::vector<int64_t> shape, const void* data) {
   return timed("from_host", {}, [&] { return inner_->from_host(dtype, shape, data); });
 }
+void ProfilingBackend::collective(const std::string& op, const Tensor& x, const std::function<void()>& run) {
+  // The payload each rank sends and receives; the wait for the other ranks is part of the time.
+  timed(op, act(2 * bytes(x)), [&] { inner_->collective(op, x, run); });
+}
+
 void ProfilingBackend::copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) {
   const double row_bytes = src.rows() ? bytes(src) / double(src.rows()) : 0;
   timed("copy_rows", act(2 * row_bytes * double(rows)), [&] { inner_->copy_rows(src, src_row, dst, dst_row, rows); });
@@ -242,24 +247,49 @@ Routing ProfilingBackend::route(const Tensor& x, const MoeWeights& w, const Tens
                                      : weights_and(2.0 * E * D + 4 * E, bytes(x));
   return timed(w.hash_table ? "route (hash)" : "route", moved, [&] { return inner_->route(x, w, token_ids, k, route_scale); });
 }
-Tensor ProfilingBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) {
-  // The shared expert, and each distinct routed expert the rows chose, once.
+// What the MoE moves: the shared expert, and each distinct routed expert of this rank the rows
+// chose, once (counted after the step from the ids).
+Tensor ProfilingBackend::timed_moe(const Tensor& x, const Routing& r, const MoeWeights& w,
+                                   const std::function<Tensor()>& run) {
+  if (!on_) return run();
   const ExpertWeights& s = w.shared;
   const double shared = linear_weight_bytes(s.w1) + linear_weight_bytes(s.w2) + linear_weight_bytes(s.w3);
   double expert = 0, expert_flops = 0;
   if (!w.experts.empty()) {
     const ExpertWeights& e = w.experts[0];
     expert = linear_weight_bytes(e.w1) + linear_weight_bytes(e.w2) + linear_weight_bytes(e.w3);
-    expert_flops = 2.0 * 3 * e.w1.out * e.w1.in;  // per routed row
+    expert_flops = 2.0 * 3 * e.w1.out * e.w1.in;  // per routed row this rank holds
   }
-  const double flops = 2.0 * 3 * s.w1.out * s.w1.in * rows(x) + expert_flops * double(r.ids.numel());
-  return timed("moe_experts (shared + routed)", weights_and(shared, bytes(x) + bytes(r.ids) + bytes(r.weights), flops),
-               [&] { return inner_->moe_experts(x, r, w, swiglu_limit); },
-               [this, ids = r.ids, expert] {
+  const int begin = w.expert_begin, end = w.expert_begin + int(w.experts.size());
+  // The expected share of the pairs that land on this rank's experts (expert parallelism).
+  const double held = w.n_routed == 0 ? 1.0 : double(w.experts.size()) / double(w.n_routed);
+  const double flops = 2.0 * 3 * s.w1.out * s.w1.in * rows(x) + expert_flops * double(r.ids.numel()) * held;
+  return timed("moe_experts (shared + routed)", weights_and(shared, bytes(x) + bytes(r.ids) + bytes(r.weights), flops), run,
+               [this, ids = r.ids, expert, begin, end] {
                  const auto v = read_i32(*inner_, ids);
-                 const std::set<int32_t> distinct(v.begin(), v.end());
+                 std::set<int32_t> distinct;
+                 for (int32_t e : v)
+                   if (e >= begin && e < end) distinct.insert(e);
                  return weights_and(double(distinct.size()) * expert, 0);
                });
+}
+
+Tensor ProfilingBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) {
+  return timed_moe(x, r, w, [&] { return inner_->moe_experts(x, r, w, swiglu_limit); });
+}
+
+Tensor ProfilingBackend::moe_expert_partials(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) {
+  return timed_moe(x, r, w, [&] { return inner_->moe_expert_partials(x, r, w, swiglu_limit); });
+}
+
+Tensor ProfilingBackend::moe_combine(const Tensor& partials, const Routing& r) {
+  return timed("moe_combine", act(bytes(partials) + bytes(r.ids)), [&] { return inner_->moe_combine(partials, r); });
+}
+
+Tensor ProfilingBackend::linear_partial(const Tensor& x, const LinearWeight& w) {
+  if (!on_) return inner_->linear_partial(x, w);
+  return timed("linear " + weight_label(w.name), weights_and(linear_weight_bytes(w), bytes(x), 2 * rows(x) * w.out * w.in),
+               [&] { return inner_->linear_partial(x, w); });
 }
 
 Tensor ProfilingBackend::logits(const Tensor& h, const uint16_t* head, int vocab) {

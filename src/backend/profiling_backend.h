@@ -48,6 +48,7 @@ class ProfilingBackend final : public Backend {
   const void* place_weight(const void* host, size_t bytes) override { return inner_->place_weight(host, bytes); }
   void prepare_experts(MoeWeights& w, float swiglu_limit) override { inner_->prepare_experts(w, swiglu_limit); }
   void synchronize() override { inner_->synchronize(); }
+  void collective(const std::string& op, const Tensor& x, const std::function<void()>& run) override;
   bool can_capture() const override { return inner_->can_capture(); }
   uint64_t recording_epoch() const override { return inner_->recording_epoch(); }
   void begin_capture() override;
@@ -104,12 +105,10 @@ class ProfilingBackend final : public Backend {
   Routing route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) override;
   Tensor moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override;
 
-  // Tensor parallelism's pieces pass through untimed (dsv4 profile runs one rank).
-  Tensor linear_partial(const Tensor& x, const LinearWeight& w) override { return inner_->linear_partial(x, w); }
-  Tensor moe_expert_partials(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override {
-    return inner_->moe_expert_partials(x, r, w, swiglu_limit);
-  }
-  Tensor moe_combine(const Tensor& partials, const Routing& r) override { return inner_->moe_combine(partials, r); }
+  // Tensor parallelism's pieces, under the names of the ops they split (one rank's share of them).
+  Tensor linear_partial(const Tensor& x, const LinearWeight& w) override;
+  Tensor moe_expert_partials(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override;
+  Tensor moe_combine(const Tensor& partials, const Routing& r) override;
 
   Tensor logits(const Tensor& h, const uint16_t* head, int vocab) override;
   Tensor sample(const Tensor& logits, const Tensor& params, const Tensor& counters) override;
@@ -124,6 +123,7 @@ class ProfilingBackend final : public Backend {
     std::function<OpCost()> cost_after;  // data-dependent costs, read after the step
   };
   // Runs f between two marks as op `op` moving `bytes` (+ its result's bytes for a Tensor).
+  Tensor timed_moe(const Tensor& x, const Routing& r, const MoeWeights& w, const std::function<Tensor()>& run);
   template <typename F> auto timed(std::string op, OpCost bytes, F&& f, std::function<OpCost()> after = {});
 
   std::unique_ptr<Backend> inner_;

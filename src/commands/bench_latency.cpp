@@ -1,4 +1,5 @@
-// `dsv4 bench latency`: the model API (Dsv4Model::step) timed directly, as `vllm bench latency`
+// `dsv4 bench latency`: the model API (ServingModel::step: one model, or one split over ranks with
+// --tensor-parallel-size) timed directly, as `vllm bench latency`
 // times its engine: a batch of random prompts prefilled in one step, then greedy decode steps of
 // one token per sequence, end of sequence ignored; the average and percentiles of the whole
 // request latency over iterations, split into prefill and decode. Then a llama-bench-style table:
@@ -17,6 +18,7 @@
 #include <nlohmann/json.hpp>
 
 #include "bench_serving/stats.h"
+#include "commands/cli_options.h"
 #include "commands/golden_commands.h"
 #include "core/error.h"
 #include "core/log.h"
@@ -37,6 +39,7 @@ struct LatencyArgs {
   int repetitions = 3;
   bool no_table = false;
   uint64_t seed = 0;
+  ParallelOptions parallel;
 };
 
 double seconds_since(std::chrono::steady_clock::time_point t0) {
@@ -45,7 +48,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 class LatencyRunner {
  public:
-  LatencyRunner(Dsv4Model& model, uint64_t seed) : model_(model), rng_(seed) {}
+  LatencyRunner(ServingModel& model, uint64_t seed) : model_(model), rng_(seed) {}
 
   std::vector<int32_t> random_tokens(int64_t n) {
     std::uniform_int_distribution<int32_t> id(0, model_.config().vocab_size - 1);
@@ -108,20 +111,26 @@ class LatencyRunner {
   }
 
  private:
-  Dsv4Model& model_;
+  ServingModel& model_;
   std::mt19937_64 rng_;
 };
 
 void run_latency(const LatencyArgs& a) {
   if (a.output_len < 1 || a.input_len < 1) fail("--input-len and --output-len must be at least 1");
-  LoadedModel m = load_model(a.model, a.backend);
-  LatencyRunner runner(*m.model, a.seed);
+  check_parallel_options(a.model, a.parallel);
+  std::unique_ptr<TensorParallelModel> m =
+      load_parallel_model(a.model, a.backend, {a.parallel.tensor_parallel_size, a.parallel.expert_parallel});
+  const std::string backend_name =
+      a.parallel.tensor_parallel_size > 1
+          ? fmt::format("{} × {}", a.parallel.tensor_parallel_size, m->rank_backend(0).name())
+          : m->rank_backend(0).name();
+  LatencyRunner runner(*m, a.seed);
   const std::string model_name = std::filesystem::path(a.model).filename().string();
   nlohmann::ordered_json result;
 
   if (a.iters > 0) {
     fmt::print("bench latency: {} on {}, batch {}, input {}, output {} ({} warmup + {} iterations)\n", model_name,
-               m.backend->name(), a.batch_size, a.input_len, a.output_len, a.warmup_iters, a.iters);
+               backend_name, a.batch_size, a.input_len, a.output_len, a.warmup_iters, a.iters);
     for (int i = 0; i < a.warmup_iters; ++i) runner.iteration(a.batch_size, a.input_len, a.output_len);
     std::vector<double> latencies, prefills, decodes;
     for (int i = 0; i < a.iters; ++i) {
@@ -168,7 +177,7 @@ void run_latency(const LatencyArgs& a) {
     for (const Test& t : tests) {
       std::vector<double> rates;
       for (int r = 0; r < a.repetitions; ++r) rates.push_back(runner.table_test(t.prompt, t.gen, t.depth, a.prefill_chunk));
-      fmt::print("| {} | {} | {} | {:.2f} ± {:.2f} |\n", model_name, m.backend->name(), t.name, bs::mean(rates), bs::stddev(rates));
+      fmt::print("| {} | {} | {} | {:.2f} ± {:.2f} |\n", model_name, backend_name, t.name, bs::mean(rates), bs::stddev(rates));
       std::fflush(stdout);
       table.push_back({{"test", t.name}, {"tokens_per_s", bs::mean(rates)}, {"stddev", bs::stddev(rates)}, {"samples", rates}});
     }
@@ -186,8 +195,9 @@ void run_latency(const LatencyArgs& a) {
 void add_bench_latency_command(CLI::App& bench) {
   auto* cmd = bench.add_subcommand("latency", "Time the engine without HTTP: prefill and decode latency, llama-bench table");
   auto a = std::make_shared<LatencyArgs>();
-  cmd->add_option("--model", a->model, "Checkpoint directory")->required();
+  cmd->add_option("--model", a->model, "Checkpoint directory or synthetic:flash[,layers=N,...]")->required();
   cmd->add_option("--backend", a->backend, "Compute backend: cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  add_parallel_options(cmd, a->parallel);
   cmd->add_option("--batch-size", a->batch_size, "Sequences per step")->check(CLI::Range(1, 1 << 16))->capture_default_str();
   cmd->add_option("--input-len", a->input_len, "Prompt tokens per sequence")->check(CLI::Range(1, 1 << 24))->capture_default_str();
   cmd->add_option("--output-len", a->output_len, "Generated tokens per sequence")->check(CLI::Range(1, 1 << 24))->capture_default_str();

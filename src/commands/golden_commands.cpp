@@ -53,9 +53,10 @@ LoadedModel load_model(const std::string& dir, std::unique_ptr<Backend> backend)
 }
 
 std::unique_ptr<TensorParallelModel> load_parallel_model(const std::string& dir, const std::string& backend_name,
-                                                         TensorParallelModel::Options options) {
+                                                         TensorParallelModel::Options options,
+                                                         const TensorParallelModel::BackendWrapper& wrap) {
   auto t0 = std::chrono::steady_clock::now();
-  auto m = std::make_unique<TensorParallelModel>(dir, backend_name, options);
+  auto m = std::make_unique<TensorParallelModel>(dir, backend_name, options, wrap);
   log_loaded(dir, m->rank_model(0).weights(), seconds_since(t0), m->rank_backend(0).name());
   if (options.world > 1) {
     const ModelConfig& c = m->config();

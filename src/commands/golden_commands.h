@@ -22,7 +22,8 @@ LoadedModel load_model(const std::string& dir, std::unique_ptr<Backend> backend)
 // The same model split over `options.world` ranks (model/tensor_parallel_model.h; 1 = the
 // plain model), with the same load log.
 std::unique_ptr<TensorParallelModel> load_parallel_model(const std::string& dir, const std::string& backend_name,
-                                                         TensorParallelModel::Options options);
+                                                         TensorParallelModel::Options options,
+                                                         const TensorParallelModel::BackendWrapper& wrap = {});
 
 // `dsv4 logits`: all inputs in one batch; prefill logits for every prompt position, then one
 // teacher-forced decode step at a time.

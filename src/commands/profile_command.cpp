@@ -4,6 +4,8 @@
 // per op and per layer kind, against the copy bandwidth measured in the same run, and from the
 // per-layer figures the step of DeepSeek-V4-Flash's whole schedule (commands/op_profile.h).
 // --prefill N profiles one N-token prompt instead: its time, FLOP and TFLOP/s per op.
+// With --tensor-parallel-size N every rank runs each phase and rank 0's ops and times are shown
+// (its share of the heads and experts, and the all-reduces: "all_reduce …" rows).
 // Markdown on stdout, or --json.
 #include <fmt/format.h>
 
@@ -12,6 +14,7 @@
 #include <nlohmann/json.hpp>
 
 #include "backend/profiling_backend.h"
+#include "commands/cli_options.h"
 #include "commands/commands.h"
 #include "commands/golden_commands.h"
 #include "commands/op_profile.h"
@@ -30,6 +33,20 @@ struct ProfileArgs {
   int batch = 1, context = 4096, steps = 20;
   int64_t prefill = 0;
   bool json = false;
+  ParallelOptions parallel;
+};
+
+// The model on its ranks, each with a profiling backend; rank 0's is the one reported.
+struct Ranks {
+  std::unique_ptr<TensorParallelModel> tp;
+  std::vector<ProfilingBackend*> prof;
+  int world() const { return int(prof.size()); }
+  Dsv4Model& model(int r) { return tp->rank_model(r); }
+  // fn(rank) on every rank at once (each phase of a split model runs on all ranks together).
+  void each(const std::function<void(int)>& fn) { tp->on_every_rank(fn); }
+  std::string backend_name() const {
+    return world() > 1 ? fmt::format("{} × {}", world(), prof[0]->name()) : prof[0]->name();
+  }
 };
 
 // Device copy bandwidth through the backend (bytes read + written per second), best of a few.
@@ -66,7 +83,8 @@ std::vector<ProfilingBackend::OpRecord> profiled_step(ProfilingBackend& prof, Ds
 }
 
 // One prompt of `a.prefill` tokens in one step: its time, its ops, model TFLOP/s.
-void profile_prefill(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& prof, double copy_gbs) {
+void profile_prefill(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
+  TensorParallelModel& model = *ranks.tp;
   const ModelConfig& c = model.config();
   if (a.prefill + 1 > c.max_position_embeddings) fail("--prefill {} beyond the model's length", a.prefill);
   auto run = [&](bool profiled) {
@@ -76,8 +94,13 @@ void profile_prefill(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& p
     item.sampling = SamplingParams{};
     std::vector<ProfilingBackend::OpRecord> records;
     auto t0 = clock_type::now();
-    if (profiled) records = profiled_step(prof, model, {item});
-    else model.step({item});  // reads the token back: waits for the step
+    if (profiled)
+      ranks.each([&](int r) {
+        auto rec = profiled_step(*ranks.prof[size_t(r)], ranks.model(r), {item});
+        if (r == 0) records = std::move(rec);
+      });
+    else
+      model.step({item});  // reads the token back: waits for the step
     const double ms = ms_since(t0);
     model.free_sequence(id);
     return std::make_pair(ms, records);
@@ -89,13 +112,15 @@ void profile_prefill(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& p
   const OpProfile ops = summarise_ops({run(true).second}, c);
   const double tflops = ops.step.flops / (step_ms / 1e3) / 1e12;
   if (a.json) {
-    nlohmann::json j = {{"model", a.model}, {"backend", prof.name()}, {"prefill_tokens", a.prefill}, {"layers", c.n_layers},
+    nlohmann::json j = {{"model", a.model}, {"backend", ranks.backend_name()}, {"tensor_parallel_size", ranks.world()},
+                        {"prefill_tokens", a.prefill}, {"layers", c.n_layers},
                         {"step_ms", step_ms}, {"flops", ops.step.flops}, {"tflops", tflops}, {"copy_gbs", copy_gbs}};
     j["profile"] = op_tables_json(ops, c);
     fmt::print("{}\n", j.dump(2));
     return;
   }
-  fmt::print("## prefill: {} — one prompt of {} tokens in one step, {} layers ({})\n\n", a.model, a.prefill, c.n_layers, prof.name());
+  fmt::print("## prefill: {} — one prompt of {} tokens in one step, {} layers ({})\n\n", a.model, a.prefill, c.n_layers,
+             ranks.backend_name());
   fmt::print("| measure | value |\n|---|---|\n");
   fmt::print("| step (plan + enqueue + sampled token read back), mean of {} | {:.1f} ms |\n", reps, step_ms);
   fmt::print("| FLOP of the step (matrix products: linears, experts as routed, attention over listed entries, indexer, head) | {:.2f} TFLOP |\n",
@@ -105,9 +130,10 @@ void profile_prefill(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& p
   print_op_tables(ops, c, copy_gbs, true);
 }
 
-void profile_decode(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& prof, double copy_gbs) {
+void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
+  TensorParallelModel& model = *ranks.tp;
   const ModelConfig& c = model.config();
-  Backend& be = prof;
+  auto sync_all = [&] { ranks.each([&](int r) { ranks.prof[size_t(r)]->synchronize(); }); };
   if (a.context + 3 * a.steps + 4 > c.max_position_embeddings) fail("--context {} beyond the model's length", a.context);
   // Sequences at the requested context, prefilled in chunks of 2048.
   std::vector<SeqId> seqs;
@@ -121,7 +147,7 @@ void profile_decode(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& pr
       model.step({item});
     }
   }
-  be.synchronize();
+  sync_all();
   const double prefill_ms = ms_since(t_prefill);
   auto batch = [&] {
     std::vector<BatchItem> b;
@@ -134,62 +160,77 @@ void profile_decode(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& pr
     return b;
   };
   for (int i = 0; i < 2; ++i) model.step(batch());  // warm-up: every workspace sized for this shape
-  be.synchronize();
+  sync_all();
 
-  // The eager step, and the host's parts of it: planning, enqueueing run_step, the read-back.
+  // The eager step, and the host's parts of it: planning, enqueueing run_step, the read-back
+  // (rank 0's; every rank runs its own at the same time).
   double plan_ms = 0, enqueue_ms = 0, eager_ms = 0;
   for (int i = 0; i < a.steps; ++i) {
     const std::vector<BatchItem> b = batch();
-    auto t0 = clock_type::now();
-    StepPlan plan = model.plan_step(b);
-    plan_ms += ms_since(t0);
-    auto t1 = clock_type::now();
-    StepResult r = model.run_step(plan);
-    enqueue_ms += ms_since(t1);
-    model.finish_step(plan, r, b);
-    eager_ms += ms_since(t0);
+    ranks.each([&](int rank) {
+      Dsv4Model& m = ranks.model(rank);
+      auto t0 = clock_type::now();
+      StepPlan plan = m.plan_step(b);
+      const double planned = ms_since(t0);
+      auto t1 = clock_type::now();
+      StepResult r = m.run_step(plan);
+      const double enqueued = ms_since(t1);
+      m.finish_step(plan, r, b);
+      if (rank == 0) plan_ms += planned, enqueue_ms += enqueued, eager_ms += ms_since(t0);
+    });
   }
   plan_ms /= a.steps, enqueue_ms /= a.steps, eager_ms /= a.steps;
 
   std::vector<std::vector<ProfilingBackend::OpRecord>> records;
-  for (int i = 0; i < a.steps; ++i) records.push_back(profiled_step(prof, model, batch()));
+  for (int i = 0; i < a.steps; ++i) {
+    const std::vector<BatchItem> b = batch();
+    ranks.each([&](int rank) {
+      auto rec = profiled_step(*ranks.prof[size_t(rank)], ranks.model(rank), b);
+      if (rank == 0) records.push_back(std::move(rec));
+    });
+  }
   const OpProfile ops = summarise_ops(records, c);
 
   double replay_ms = 0;
-  const bool replayed = be.can_capture();
+  const bool replayed = ranks.model(0).can_record();
   if (replayed) {
     const std::vector<BatchItem> b = batch();
-    StepPlan plan = model.plan_step(b);
-    be.begin_capture();
-    StepResult r;
-    try {
-      r = model.run_step(plan);
-    } catch (...) {
-      (void)be.end_capture();
-      throw;
-    }
-    auto graph = be.end_capture();
-    be.replay(*graph);  // the first replay uploads the graph
-    be.synchronize();
-    // Replays of one recorded step: the same work each time (it rewrites the same cache slots).
-    auto t0 = clock_type::now();
-    for (int i = 0; i < a.steps; ++i) be.replay(*graph);
-    be.synchronize();
-    replay_ms = ms_since(t0) / a.steps;
-    model.finish_step(plan, r, b);
+    ranks.each([&](int rank) {
+      Dsv4Model& m = ranks.model(rank);
+      Backend& be = *ranks.prof[size_t(rank)];
+      StepPlan plan = m.plan_step(b);
+      be.begin_capture();
+      StepResult r;
+      try {
+        r = m.run_step(plan);
+      } catch (...) {
+        (void)be.end_capture();
+        throw;
+      }
+      auto graph = be.end_capture();
+      be.replay(*graph);  // the first replay uploads the graph
+      be.synchronize();
+      // Replays of one recorded step: the same work each time (it rewrites the same cache slots);
+      // the ranks' replays meet in their all-reduces.
+      auto t0 = clock_type::now();
+      for (int i = 0; i < a.steps; ++i) be.replay(*graph);
+      be.synchronize();
+      if (rank == 0) replay_ms = ms_since(t0) / a.steps;
+      m.finish_step(plan, r, b);
+    });
   }
   // The step as the engine runs it: model.step with the model's decode mode (recorded graphs where
   // the backend records: a fixed-shape plan, its descriptor refilled, the replay, sampling as
   // called, the token read back), the host's work included.
   double served_ms = 0;
-  const int64_t ahead_before = model.graph_stats().planned_ahead;
+  const int64_t ahead_before = ranks.model(0).graph_stats().planned_ahead;
   for (int i = 0; i < a.steps; ++i) {
     const std::vector<BatchItem> b = batch();
     auto t0 = clock_type::now();
     model.step(b);
     served_ms += ms_since(t0) / a.steps;
   }
-  const auto graphs = model.graph_stats();
+  const auto graphs = ranks.model(0).graph_stats();
   const int64_t served_ahead = graphs.planned_ahead - ahead_before;
   const double step_ms = replayed ? replay_ms : eager_ms;
   // What a step must move: the weights its ops read (routed experts as the rows chose them) and
@@ -201,7 +242,8 @@ void profile_decode(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& pr
   const double flash_ms = flash.op_sum_ms() * ratio;
 
   if (a.json) {
-    nlohmann::json j = {{"model", a.model}, {"backend", be.name()}, {"batch_size", a.batch}, {"context", a.context},
+    nlohmann::json j = {{"model", a.model}, {"backend", ranks.backend_name()}, {"tensor_parallel_size", ranks.world()},
+                        {"batch_size", a.batch}, {"context", a.context},
                         {"layers", c.n_layers}, {"prefill_ms", prefill_ms}, {"eager_step_ms", eager_ms},
                         {"host_plan_ms", plan_ms}, {"host_enqueue_ms", enqueue_ms},
                         {"replayed_step_ms", replayed ? nlohmann::json(replay_ms) : nlohmann::json()},
@@ -216,7 +258,8 @@ void profile_decode(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& pr
     fmt::print("{}\n", j.dump(2));
     return;
   }
-  fmt::print("## decode step: {} — batch {}, context {}, {} layers ({})\n\n", a.model, a.batch, a.context, c.n_layers, be.name());
+  fmt::print("## decode step: {} — batch {}, context {}, {} layers ({})\n\n", a.model, a.batch, a.context, c.n_layers,
+             ranks.backend_name());
   fmt::print("| measure | value |\n|---|---|\n");
   fmt::print("| eager step (host plan + enqueue + token read-back), mean of {} | {:.3f} ms |\n", a.steps, eager_ms);
   fmt::print("| host: plan (descriptor, pages, upload) / enqueue of the step's ops | {:.3f} / {:.3f} ms |\n", plan_ms, enqueue_ms);
@@ -225,7 +268,7 @@ void profile_decode(const ProfileArgs& a, Dsv4Model& model, ProfilingBackend& pr
     fmt::print("| replayed step (one recording, {} replays) | {:.3f} ms = {:.2f} × the op sum |\n", a.steps, replay_ms, ratio);
   fmt::print("| served step (model.step: {}, host work and token read-back included; {} of {} planned while the step "
              "before ran), mean of {} | {:.3f} ms |\n",
-             model.decode_graphs() == DecodeGraphs::Record ? "the bucket's recorded graph replayed" : "run as called",
+             ranks.model(0).decode_graphs() == DecodeGraphs::Record ? "the bucket's recorded graph replayed" : "run as called",
              served_ahead, a.steps, a.steps, served_ms);
   fmt::print("| bytes per step: weights (routed experts as chosen) / cache / activations | {:.1f} / {:.2f} / {:.2f} MB |\n",
              ops.step.weights / 1e6, ops.step.cache / 1e6, ops.step.activations / 1e6);
@@ -249,13 +292,26 @@ void run_profile(const ProfileArgs& a) {
   if (a.context < 1) fail("--context {}: at least 1", a.context);
   if (a.steps < 1) fail("--steps {}: at least 1", a.steps);
   if (a.prefill < 0) fail("--prefill {}: 0 (a decode profile) or a prompt length", a.prefill);
-  auto profiling = std::make_unique<ProfilingBackend>(make_backend(a.backend));
-  ProfilingBackend& prof = *profiling;
-  LoadedModel m = load_model(a.model, std::move(profiling));
-  m.model->on_block = [&prof](int region) { prof.set_region(region); };
-  const double copy_gbs = copy_bandwidth_gbs(prof);
-  if (a.prefill) profile_prefill(a, *m.model, prof, copy_gbs);
-  else profile_decode(a, *m.model, prof, copy_gbs);
+  check_parallel_options(a.model, a.parallel);
+  const int world = a.parallel.tensor_parallel_size;
+  Ranks ranks;
+  ranks.prof.assign(size_t(world), nullptr);
+  ranks.tp = load_parallel_model(a.model, a.backend, {world, a.parallel.expert_parallel},
+                                 [&](int r, std::unique_ptr<Backend> b) {
+                                   auto p = std::make_unique<ProfilingBackend>(std::move(b));
+                                   ranks.prof[size_t(r)] = p.get();
+                                   return std::unique_ptr<Backend>(std::move(p));
+                                 });
+  for (int r = 0; r < world; ++r) {
+    ProfilingBackend* p = ranks.prof[size_t(r)];
+    ranks.model(r).on_block = [p](int region) { p->set_region(region); };
+  }
+  double copy_gbs = 0;
+  ranks.each([&](int r) {
+    if (r == 0) copy_gbs = copy_bandwidth_gbs(*ranks.prof[0]);  // rank 0's GPU alone
+  });
+  if (a.prefill) profile_prefill(a, ranks, copy_gbs);
+  else profile_decode(a, ranks, copy_gbs);
 }
 
 }  // namespace
@@ -265,6 +321,7 @@ void add_profile_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("profile", "Time one decode step of a model (eager and replayed) against its bytes");
   cmd->add_option("--model", a->model, "Checkpoint directory or synthetic:flash[,layers=N,...]")->required();
   cmd->add_option("--backend", a->backend, "Compute backend: cpu | cuda")->check(CLI::IsMember({"cpu", "cuda"}))->capture_default_str();
+  add_parallel_options(cmd, a->parallel);
   cmd->add_option("--batch-size", a->batch, "Sequences decoding together (1..256)")->capture_default_str();
   cmd->add_option("--context", a->context, "Tokens each sequence holds before the measured steps")->capture_default_str();
   cmd->add_option("--steps", a->steps, "Steps (and replays) averaged")->capture_default_str();

@@ -541,7 +541,7 @@ Tensor Dsv4Model::run_block(const BlockWeights& block, const Tensor& X, const St
     // whole experts (expert parallel): the f32 per-pair partials are summed over the ranks, then
     // rounded and combined as the unsplit op does (docs/ARCHITECTURE.md "Tensor parallelism").
     Tensor partials = backend_.moe_expert_partials(x, r, block.moe, float(c.swiglu_limit));
-    comm_->all_reduce_sum(partials);
+    backend_.collective("all_reduce moe", partials, [&] { comm_->all_reduce_sum(partials); });
     m = backend_.moe_combine(partials, r);
   }
   emit("moe_out", l, m);
@@ -650,7 +650,7 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   if (!split()) return backend_.linear(z, w.wo_b);
   // Row-parallel wo_b: the ranks' f32 sums are added, then rounded to bf16 once, as linear rounds.
   Tensor y = backend_.linear_partial(z, w.wo_b);
-  comm_->all_reduce_sum(y);
+  backend_.collective("all_reduce attn.wo_b", y, [&] { comm_->all_reduce_sum(y); });
   return backend_.to_bf16(y);
 }
 

@@ -100,6 +100,8 @@ class Dsv4Model : public ServingModel {
   // Decode graphs (the default: Record where the backend can record, else Off; DSV4_DECODE_GRAPHS
   // = off | pad | record overrides it). Changing the mode drops the recordings.
   void set_decode_graphs(DecodeGraphs mode);
+  // Whether decode steps can be recorded: the backend records, and so do the collectives in them.
+  bool can_record() const { return backend_.can_capture() && (!comm_ || comm_->can_record()); }
   DecodeGraphs decode_graphs() const { return graph_mode_; }
   struct GraphStats {
     int64_t recorded = 0, replayed = 0, fixed_eager = 0;  // steps recorded, replayed, run padded as called
@@ -136,8 +138,6 @@ class Dsv4Model : public ServingModel {
                 const RopeTable& rope);
   Tensor embed_streams(const StepPlan& plan);  // [T, hc, D]
   bool split() const { return comm_ && comm_->world_size() > 1; }
-  // Whether decode steps can be recorded: the backend records, and so do the collectives in them.
-  bool can_record() const { return backend_.can_capture() && (!comm_ || comm_->can_record()); }
   void emit(const std::string& name, int layer, const Tensor& t) {
     if (dump) dump(name + "-" + std::to_string(layer), t);
   }

@@ -30,12 +30,18 @@ std::vector<int> rank_gpus(int world) {
 }
 }  // namespace
 
-TensorParallelModel::TensorParallelModel(const std::string& dir, const std::string& backend_name, Options options)
+TensorParallelModel::TensorParallelModel(const std::string& dir, const std::string& backend_name, Options options,
+                                         const BackendWrapper& wrap)
     : options_(options) {
   DSV4_CHECK(options.world >= 1, "tensor-parallel size {} (at least 1)", options.world);
   for (int r = 0; r < options.world; ++r) ranks_.push_back(std::make_unique<Rank>());
+  auto make_rank_backend = [&](int r, int gpu) {
+    std::unique_ptr<Backend> b = make_backend(backend_name, gpu);
+    ranks_[size_t(r)]->device = b.get();
+    ranks_[size_t(r)]->backend = wrap ? wrap(r, std::move(b)) : std::move(b);
+  };
   if (options.world == 1) {
-    ranks_[0]->backend = make_backend(backend_name);
+    make_rank_backend(0, 0);
     ranks_[0]->model = std::make_unique<Dsv4Model>(load_model_weights(dir, ranks_[0]->backend.get()), *ranks_[0]->backend);
     return;
   }
@@ -49,9 +55,9 @@ TensorParallelModel::TensorParallelModel(const std::string& dir, const std::stri
     // Each rank's backend on its own thread (a GPU backend makes its device that thread's), then
     // the group over them, then the models.
     const std::vector<int> gpus = rank_gpus(options.world);
-    on_every_rank([&](int r) { ranks_[size_t(r)]->backend = make_backend(backend_name, gpus[size_t(r)]); });
+    on_every_rank([&](int r) { make_rank_backend(r, gpus[size_t(r)]); });
     std::vector<Backend*> backends;
-    for (auto& rank : ranks_) backends.push_back(rank->backend.get());
+    for (auto& rank : ranks_) backends.push_back(rank->device);
     group_ = make_communicator_group(backends);
     on_every_rank([&](int r) {
       Rank& rank = *ranks_[size_t(r)];

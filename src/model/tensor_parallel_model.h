@@ -30,10 +30,14 @@ class TensorParallelModel : public ServingModel {
     int world = 1;                 // --tensor-parallel-size
     bool expert_parallel = false;  // --expert-parallel: routed experts by expert, not by intermediate
   };
+  // What each rank's models runs on, given the rank and its new backend (a profiling backend
+  // around it, say); the collectives use the backend given.
+  using BackendWrapper = std::function<std::unique_ptr<Backend>(int rank, std::unique_ptr<Backend>)>;
   // Loads `dir` for every rank, each on a new backend named `backend_name` and on its own thread
   // (each rank binds only its share). The CPU workers are divided among the ranks. world = 1 is
   // the plain model, run on the caller's thread.
-  TensorParallelModel(const std::string& dir, const std::string& backend_name, Options options);
+  TensorParallelModel(const std::string& dir, const std::string& backend_name, Options options,
+                      const BackendWrapper& wrap = {});
   ~TensorParallelModel() override;
 
   int world_size() const { return options_.world; }
@@ -58,7 +62,8 @@ class TensorParallelModel : public ServingModel {
 
  private:
   struct Rank {
-    std::unique_ptr<Backend> backend;
+    std::unique_ptr<Backend> backend;  // the model's (wrapped, where a wrapper was given)
+    Backend* device = nullptr;         // the backend made for the rank, which the collectives use
     std::unique_ptr<Dsv4Model> model;
     std::unique_ptr<ThreadPool> pool;  // this rank's CPU workers
     std::thread thread;

@@ -30,5 +30,21 @@ TEST(BenchLatency, TinyModelOnCpu) {
   for (auto& row : j["table"]) EXPECT_GT(row["tokens_per_s"].get<double>(), 0);
 }
 
+// The same split over two ranks (tensor parallel, then expert parallel): the ranks' backends are named.
+TEST(BenchLatency, SplitOverTwoRanks) {
+  const std::string dir = test::fresh_dir("bench_latency_tp");
+  test::CommandResult r = test::run_dsv4("make-tiny --no-tokenizer --out " + dir + "/tiny --set vocab_size=1024 --set num_hidden_layers=2");
+  ASSERT_EQ(r.rc, 0) << r.out;
+  for (const std::string split : {" --tensor-parallel-size 2", " --tensor-parallel-size 2 --expert-parallel"}) {
+    r = test::run_dsv4("bench latency --model " + dir + "/tiny --batch-size 2 --input-len 8 --output-len 3 --num-iters-warmup 1 "
+                       "--num-iters 1 -p 8 -n 2 -d 0 -r 1" + split);
+    ASSERT_EQ(r.rc, 0) << split << "\n" << r.out;
+    for (const char* text : {"on 2 × cpu, batch 2", "Avg latency: ", "| tiny | 2 × cpu | tg2 | "})
+      EXPECT_NE(r.out.find(text), std::string::npos) << text << "\n" << r.out;
+  }
+  r = test::run_dsv4("bench latency --model " + dir + "/tiny --tensor-parallel-size 3");
+  EXPECT_EQ(r.rc, 2) << r.out;
+}
+
 }  // namespace
 }  // namespace dsv4

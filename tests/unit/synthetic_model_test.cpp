@@ -71,6 +71,25 @@ TEST(SyntheticModel, ProfileReportsTheStepByOpAndLayer) {
   EXPECT_NE(run_dsv4("profile --model synthetic:tiny --backend cpu --prefill -3").rc, 0);
 }
 
+// Split over two ranks: rank 0's ops, the all-reduces among them, under the same op names.
+TEST(SyntheticModel, ProfileOfASplitModelShowsItsAllReduces) {
+  for (const std::string split : {" --tensor-parallel-size 2", " --tensor-parallel-size 2 --expert-parallel"}) {
+    CommandResult r = run_dsv4("profile --model synthetic:tiny --backend cpu --batch-size 2 --context 40 --steps 2" + split);
+    ASSERT_EQ(r.rc, 0) << split << "\n" << r.out;
+    for (const char* row : {"(2 × cpu)", "| linear attn.wo_b | SWA |", "| all_reduce attn.wo_b | SWA |",
+                            "| all_reduce moe | CSA |", "| moe_experts (shared + routed) | HCA |", "| moe_combine | HCA |",
+                            "### projected"})
+      EXPECT_NE(r.out.find(row), std::string::npos) << split << ": " << row << "\n" << r.out;
+  }
+  CommandResult j = run_dsv4("profile --model synthetic:tiny --backend cpu --steps 1 --context 10 --json --tensor-parallel-size 2");
+  ASSERT_EQ(j.rc, 0) << j.out;
+  EXPECT_NE(j.out.find("\"tensor_parallel_size\": 2"), std::string::npos) << j.out;
+  CommandResult p = run_dsv4("profile --model synthetic:tiny --backend cpu --prefill 64 --steps 1 --tensor-parallel-size 2");
+  ASSERT_EQ(p.rc, 0) << p.out;
+  EXPECT_NE(p.out.find("| all_reduce moe |"), std::string::npos) << p.out;
+  EXPECT_EQ(run_dsv4("profile --model synthetic:tiny --backend cpu --tensor-parallel-size 3").rc, 2);
+}
+
 // make-tiny --like writes the generated model as an official-format checkpoint: loading it from
 // disk gives the same model (the same greedy tokens) as generating it.
 TEST(SyntheticModel, WrittenToDiskLoadsAsTheSameModel) {
