@@ -3,6 +3,8 @@
 #include <fmt/format.h>
 
 #include "core/error.h"
+#include "core/heap.h"
+#include "core/log.h"
 
 namespace dsv4 {
 
@@ -81,6 +83,7 @@ EngineStats Engine::stats() const {
 
 void Engine::loop() {
   bool stalled = false;  // work exists but nothing could be scheduled: wait for new input
+  bool was_busy = false;
   for (;;) {
     std::vector<std::shared_ptr<Entry>> inbox;
     std::vector<std::pair<uint64_t, FinishReason>> commands;
@@ -125,6 +128,13 @@ void Engine::loop() {
     }
     refresh_stats();
     if (stopping && !scheduler_.has_work()) return;
+    // Gone idle: what the last burst of work allocated goes back to the system (core/heap.h).
+    const bool busy = scheduler_.has_work();
+    if (was_busy && !busy) {
+      const int64_t released = release_free_heap();
+      if (released > 0) log_debug("engine idle: {:.1f} MiB of free heap returned to the system", double(released) / (1 << 20));
+    }
+    was_busy = busy;
   }
 }
 
