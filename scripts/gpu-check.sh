@@ -21,9 +21,11 @@ if [ ! -x "$bin/dsv4" ]; then
   bin=gpu-bin
 fi
 export LD_LIBRARY_PATH="$PWD/$bin/lib${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"  # gpu-build.sh's copies of -dev libraries
+source scripts/nccl-env.sh  # the split-model tests' NCCL
 nvidia-smi --query-gpu=name,driver_version,clocks.sm,clocks.mem,memory.total --format=csv | tee "$out/gpu.txt"
 if [ -f "$bin/COMMIT" ]; then commit=$(cat "$bin/COMMIT"); else commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"; fi
 echo "binaries built from commit $commit" | tee -a "$out/gpu.txt"
+echo "NCCL: ${DSV4_NCCL_LIBRARY:-from the loader path}" | tee -a "$out/gpu.txt"
 summary=()
 # PASS, FAIL (rc), SKIPPED (rc 77: no GPU, or every case skipped), or PASS with the number of cases
 # gtest skipped ("[  SKIPPED ] N tests, listed below:"), so that a skip never reads as a pass.

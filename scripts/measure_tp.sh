@@ -13,11 +13,7 @@ ranks=${2:-2}
 model=${3:-synthetic:flash}
 dsv4=${DSV4:-build/src/dsv4}
 mkdir -p "$out"
-export NCCL_NVLS_ENABLE=${NCCL_NVLS_ENABLE:-0}
-if [ -z "${DSV4_NCCL_LIBRARY:-}" ] && ! ldconfig -p 2>/dev/null | grep -q 'libnccl.so.2 '; then
-  lib=$(find /usr /opt -name 'libnccl.so.2*' -type f 2>/dev/null | head -n 1)
-  [ -n "$lib" ] && export DSV4_NCCL_LIBRARY="$lib"
-fi
+source "$(dirname "$0")/nccl-env.sh"
 echo "measure_tp: NCCL from ${DSV4_NCCL_LIBRARY:-the loader path}" | tee "$out/nccl.txt"
 nvidia-smi topo -m >"$out/topology.txt" 2>&1 || true
 

@@ -242,7 +242,7 @@ Tensor ProfilingBackend::to_bf16(const Tensor& x) {
 }
 
 Routing ProfilingBackend::route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) {
-  const double E = double(w.experts.size()), D = x.rows() ? double(x.numel() / x.rows()) : 0;
+  const double E = double(w.n_routed ? w.n_routed : int(w.experts.size())), D = x.rows() ? double(x.numel() / x.rows()) : 0;
   const OpCost moved = w.hash_table ? weights_and(double(token_ids.numel()) * k * 4, bytes(x) + bytes(token_ids))
                                      : weights_and(2.0 * E * D + 4 * E, bytes(x));
   return timed(w.hash_table ? "route (hash)" : "route", moved, [&] { return inner_->route(x, w, token_ids, k, route_scale); });

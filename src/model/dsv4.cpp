@@ -116,8 +116,12 @@ Dsv4Model::~Dsv4Model() = default;
 void Dsv4Model::set_decode_graphs(DecodeGraphs mode) {
   DSV4_CHECK(mode != DecodeGraphs::Record || can_record(), "decode graphs: the {} backend{} cannot record steps",
              backend_.name(), backend_.can_capture() ? "'s collectives (host-staged)" : "");
-  drop_next_plan();
   graph_mode_ = mode;
+  drop_recordings();
+}
+
+void Dsv4Model::drop_recordings() {
+  drop_next_plan();
   graphs_.clear();
 }
 

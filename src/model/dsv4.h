@@ -100,6 +100,9 @@ class Dsv4Model : public ServingModel {
   // Decode graphs (the default: Record where the backend can record, else Off; DSV4_DECODE_GRAPHS
   // = off | pad | record overrides it). Changing the mode drops the recordings.
   void set_decode_graphs(DecodeGraphs mode);
+  // Drops the recordings (and the step planned ahead): what they captured is gone, such as the
+  // communicators a group reset replaced. The next steps of each shape record anew.
+  void drop_recordings();
   // Whether decode steps can be recorded: the backend records, and so do the collectives in them.
   bool can_record() const { return backend_.can_capture() && (!comm_ || comm_->can_record()); }
   DecodeGraphs decode_graphs() const { return graph_mode_; }

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/log.h"
 
 namespace dsv4 {
 
@@ -72,10 +73,18 @@ TensorParallelModel::TensorParallelModel(const std::string& dir, const std::stri
 }
 
 TensorParallelModel::~TensorParallelModel() {
+  // Each rank's model goes on its own thread (a GPU rank's memory, recordings and events belong to
+  // the device that thread has current), then the communicators, then the backends (a communicator
+  // enqueues on its rank's backend; a backend makes its own device current to go).
+  if (options_.world > 1) {
+    try {
+      on_every_rank([&](int r) { ranks_[size_t(r)]->model.reset(); });
+    } catch (const std::exception& e) {
+      log_info("tensor-parallel ranks: releasing a rank's model failed: {}", e.what());
+    }
+  }
   stop_rank_threads();
-  // Each rank's model and backend go on the caller's thread, models first (they use the backend),
-  // then the communicators, then the backends (a communicator enqueues on its rank's backend).
-  for (auto& r : ranks_) r->model.reset();
+  for (auto& r : ranks_) r->model.reset();  // world 1, or a rank whose release failed above
   group_ = {};
   for (auto& r : ranks_) r->backend.reset();
 }
@@ -145,7 +154,19 @@ void TensorParallelModel::on_every_rank(const std::function<void(int)>& fn) {
     }
   }
   if (first || abandoned) {
-    if (group_.reset) group_.reset();
+    if (group_.reset) {
+      try {
+        group_.reset();
+        // A reset group may have new communicators (NCCL's are rebuilt): recordings that captured
+        // the old ones' collectives must not replay.
+        on_every_rank([&](int r) {
+          if (ranks_[size_t(r)]->model) ranks_[size_t(r)]->model->drop_recordings();
+        });
+      } catch (const std::exception& e) {
+        // The caller hears of the failure that started it; later calls find the group aborted.
+        log_info("tensor-parallel ranks: the collectives could not be reset: {}", e.what());
+      }
+    }
     std::rethrow_exception(first ? first : abandoned);
   }
 }

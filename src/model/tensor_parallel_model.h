@@ -73,8 +73,10 @@ class TensorParallelModel : public ServingModel {
   void stop_rank_threads();
 
   Options options_;
-  CommunicatorGroup group_;
   std::vector<std::unique_ptr<Rank>> ranks_;
+  // After the ranks: a constructor that fails part way destroys the communicators first, then the
+  // backends they enqueue on (the destructor keeps that order by hand too).
+  CommunicatorGroup group_;
   // The job every rank thread runs once per generation.
   std::mutex mutex_;
   std::condition_variable job_ready_, job_done_;

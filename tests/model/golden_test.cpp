@@ -15,6 +15,8 @@
 
 #if defined(DSV4_GOLDEN_TP_GPU)
 #include <cuda_runtime.h>
+
+#include "backend/cuda/nccl_communicator.h"
 #endif
 
 #include "backend/backend.h"
@@ -49,13 +51,17 @@ const std::string kTp2 = " --tensor-parallel-size 2", kTp2Ep = " --tensor-parall
 #if defined(DSV4_GOLDEN_TP_GPU)
 // golden_tp_gpu_test: a rank per GPU over NCCL where two GPUs are visible, else both ranks on GPU 0
 // with host-staged collectives (DSV4_RANK_GPUS, read by the dsv4 commands this test runs).
+// (also where NCCL cannot be opened: the split model's GPU ops are then still checked).
 const bool kRanksShareAGpu = [] {
   int n = 0;
   if (cudaGetDeviceCount(&n) != cudaSuccess) n = 0;
-  if (n == 1) setenv("DSV4_RANK_GPUS", "0,0", 0);
-  std::printf("golden_tp_gpu_test: %d GPU%s visible: %s\n", n, n == 1 ? "" : "s",
-              n == 1 ? "both ranks on GPU 0, host-staged collectives" : "a rank per GPU, NCCL");
-  return n == 1;
+  const std::string no_nccl = n >= 2 ? cuda::nccl_unavailable_reason() : std::string();
+  const bool share = n == 1 || !no_nccl.empty();
+  if (share) setenv("DSV4_RANK_GPUS", "0,0", 0);
+  std::printf("golden_tp_gpu_test: %d GPU%s visible: %s%s\n", n, n == 1 ? "" : "s",
+              share ? "both ranks on GPU 0, host-staged collectives" : "a rank per GPU, NCCL",
+              no_nccl.empty() ? "" : (" (NCCL: " + no_nccl + ")").c_str());
+  return share;
 }();
 #endif
 

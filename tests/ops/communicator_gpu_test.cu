@@ -31,13 +31,16 @@ std::vector<float> random_floats(size_t n) {
   return v;
 }
 
-// Runs fn(rank) on a thread per rank (each rank's backend is used from its own thread only).
-void on_ranks(int world, const std::function<void(int)>& fn) {
+// Runs fn(rank) on a fresh thread per rank whose current device is the rank's GPU (a backend is
+// used only from threads whose current device is its own: backend/cuda/cuda_backend.h).
+void on_ranks(const std::vector<int>& gpus, const std::function<void(int)>& fn) {
+  const int world = int(gpus.size());
   std::vector<std::thread> threads;
   std::vector<std::exception_ptr> errors(static_cast<size_t>(world));
   for (int r = 0; r < world; ++r)
     threads.emplace_back([&, r] {
       try {
+        DSV4_CUDA_CHECK(cudaSetDevice(gpus[size_t(r)]));
         fn(r);
       } catch (...) {
         errors[size_t(r)] = std::current_exception();
@@ -55,6 +58,7 @@ int visible_gpus() {
 }
 
 struct Ranks {
+  std::vector<int> gpus;  // each rank's
   std::vector<std::unique_ptr<cuda::CudaBackend>> backends;
   CommunicatorGroup group;
 };
@@ -62,8 +66,9 @@ struct Ranks {
 // A backend per rank on `gpus[r]` (made on the rank's thread), then the group over them.
 Ranks make_ranks(const std::vector<int>& gpus) {
   Ranks out;
+  out.gpus = gpus;
   out.backends.resize(gpus.size());
-  on_ranks(int(gpus.size()), [&](int r) { out.backends[size_t(r)] = std::make_unique<cuda::CudaBackend>(gpus[size_t(r)]); });
+  on_ranks(gpus, [&](int r) { out.backends[size_t(r)] = std::make_unique<cuda::CudaBackend>(gpus[size_t(r)]); });
   std::vector<Backend*> bs;
   for (auto& b : out.backends) bs.push_back(b.get());
   out.group = make_communicator_group(bs);
@@ -84,7 +89,7 @@ void check_collectives(Ranks& ranks, bool record) {
     sum[size_t(i)] = s;
   }
   const int root = int(rng()() % unsigned(world));
-  on_ranks(world, [&](int r) {
+  on_ranks(ranks.gpus, [&](int r) {
     cuda::CudaBackend& be = *ranks.backends[size_t(r)];
     Communicator& comm = *ranks.group.ranks[size_t(r)];
     ASSERT_EQ(comm.rank(), r);
@@ -151,7 +156,7 @@ TEST(NcclCommunicator, AbortEndsTheGroupAndResetRestoresIt) {
   if (const std::string why = cuda::nccl_unavailable_reason(); !why.empty()) GTEST_SKIP() << why;
   Ranks ranks = make_ranks(nccl_gpus());
   ranks.group.abort();
-  on_ranks(int(ranks.backends.size()), [&](int r) {
+  on_ranks(ranks.gpus, [&](int r) {
     Tensor x = ranks.backends[size_t(r)]->alloc(DType::F32, {16});
     EXPECT_THROW(ranks.group.ranks[size_t(r)]->all_reduce_sum(x), CollectiveAborted) << "rank " << r;
   });
