@@ -144,10 +144,10 @@ INSTANTIATE_TEST_SUITE_P(TinyA, LayerCheck,
                          [](const auto& info) { return info.param.name; });
 #else
 INSTANTIATE_TEST_SUITE_P(TinyA, LayerCheck,
-                         ::testing::Values(LayerCheckCase{"mxfp4_whole", "mxfp4", 0}, LayerCheckCase{"mxfp4_chunk7", "mxfp4", 7},
-                                           LayerCheckCase{"mxfp4_chunk1", "mxfp4", 1},
-                                           LayerCheckCase{"nvfp4_whole", "nvfp4", 0}, LayerCheckCase{"nvfp4_chunk7", "nvfp4", 7},
-                                           LayerCheckCase{"nvfp4_chunk1", "nvfp4", 1}),
+                         ::testing::Values(LayerCheckCase{"mxfp4_whole", "mxfp4", 0, ""}, LayerCheckCase{"mxfp4_chunk7", "mxfp4", 7, ""},
+                                           LayerCheckCase{"mxfp4_chunk1", "mxfp4", 1, ""},
+                                           LayerCheckCase{"nvfp4_whole", "nvfp4", 0, ""}, LayerCheckCase{"nvfp4_chunk7", "nvfp4", 7, ""},
+                                           LayerCheckCase{"nvfp4_chunk1", "nvfp4", 1, ""}),
                          [](const auto& info) { return info.param.name; });
 #endif
 
