@@ -183,5 +183,31 @@ TEST(TensorParallel, AFailedStepIsReportedAndTheNextOneRuns) {
   EXPECT_EQ(o.logits.size(), size_t(tp.config().vocab_size));
 }
 
+// A failure resets the collectives, and every rank drops its decode recordings and the step it
+// planned ahead (they may hold communicators the reset replaced); the steps after it are those of
+// a run without the failure, bit for bit.
+TEST(TensorParallel, AResetDropsWhatTheRanksRecordedOrPlanned) {
+  std::vector<std::vector<float>> logits;
+  for (bool fail : {false, true}) {
+    TensorParallelModel tp(kTinyA, "cpu", {2, false});
+    tp.on_every_rank([&](int r) { tp.rank_model(r).set_decode_graphs(DecodeGraphs::Pad); });
+    const SeqId s = tp.new_sequence();
+    tp.step({{s, prompt_ids(10, 4)}});
+    auto planned = [&](int r) { return tp.rank_model(r).graph_stats().planned_ahead; };
+    for (int32_t t : {5, 6, 7}) tp.step({{s, {t}}});
+    ASSERT_EQ(planned(0), 2);  // the second and third decode steps were planned during the one before
+    if (fail) {
+      EXPECT_THROW(tp.on_every_rank([](int r) {
+        if (r == 1) throw Error("rank 1 fails alone");
+      }), Error);
+    }
+    StepOutput o = tp.step({{s, {8}}});
+    for (int r = 0; r < 2; ++r) EXPECT_EQ(planned(r), fail ? 2 : 3) << "rank " << r << (fail ? ", after a reset" : "");
+    logits.push_back(o.logits);
+  }
+  ASSERT_EQ(logits[0].size(), logits[1].size());
+  EXPECT_EQ(std::memcmp(logits[0].data(), logits[1].data(), logits[0].size() * 4), 0);
+}
+
 }  // namespace
 }  // namespace dsv4::test
