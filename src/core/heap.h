@@ -12,4 +12,7 @@ namespace dsv4 {
 // busiest moment needed.
 int64_t release_free_heap();
 
+// Resident set size of this process from /proc/self/statm; -1 where it cannot be read.
+int64_t resident_memory_bytes();
+
 }  // namespace dsv4

@@ -19,6 +19,14 @@ void* touched_block(size_t bytes) {
   return escaped;
 }
 
+TEST(Heap, ResidentSizeIsRead) {
+  const int64_t before = resident_memory_bytes();
+  ASSERT_GT(before, 0);
+  void* block = touched_block(8 << 20);  // resident once written
+  EXPECT_GE(resident_memory_bytes(), before + (4 << 20));
+  std::free(block);
+}
+
 TEST(Heap, FreedLargeBlocksGoBackToTheSystem) {
 #if !defined(__GLIBC__)
   GTEST_SKIP() << "only glibc's allocator keeps freed large blocks";

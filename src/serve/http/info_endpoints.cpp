@@ -4,6 +4,7 @@
 
 #include <string_view>
 
+#include "core/heap.h"
 #include "serve/http/endpoints.h"
 
 namespace dsv4 {

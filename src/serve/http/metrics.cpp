@@ -1,11 +1,9 @@
 #include "serve/http/metrics.h"
 
 #include <fmt/format.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cmath>
-#include <fstream>
 
 namespace dsv4::serve {
 namespace {
@@ -150,13 +148,6 @@ std::string ServerMetrics::render(const EngineStats& stats, int64_t resident_byt
     out += fmt::format("process_resident_memory_bytes {}\n", resident_bytes);
   }
   return out;
-}
-
-int64_t resident_memory_bytes() {
-  std::ifstream statm("/proc/self/statm");
-  int64_t size_pages = 0, resident_pages = 0;
-  if (!(statm >> size_pages >> resident_pages)) return -1;
-  return resident_pages * int64_t(sysconf(_SC_PAGESIZE));
 }
 
 }  // namespace dsv4::serve

@@ -64,7 +64,4 @@ class ServerMetrics {
   std::map<FinishedReason, uint64_t> finished_;
 };
 
-// Resident set size of this process from /proc/self/statm; -1 where it cannot be read.
-int64_t resident_memory_bytes();
-
 }  // namespace dsv4::serve
