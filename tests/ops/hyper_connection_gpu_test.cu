@@ -91,10 +91,10 @@ float max_abs_diff(const std::vector<float>& got, const std::vector<float>& want
   return m;
 }
 
-// The mixes m: the CPU sums 16384 products in double, the GPU in f32 (8 per thread, then warp, block
-// and cluster trees: ~22 roundings deep). The f32 rounding errors are a random walk of standard
-// deviation ≲ 2^-24·√22·(partial sums ≤ |m|-sized), i.e. ≲ 3e-7 of m's own spread (σ_m ≈ 2 here):
-// |Δm| ≲ 4e-6 even at 6 sd. Through
+// The mixes m: the CPU sums 16384 products in double, the GPU in f32 (8 per lane, a 5-level warp tree,
+// then the 64 slices one after another: ≲ 77 roundings deep). The f32 rounding errors are a random
+// walk of standard deviation ≲ 2^-24·√77·(partial sums ≤ |m|-sized), i.e. ≲ 6e-7 of m's own spread
+// (σ_m ≈ 2 here): |Δm| ≲ 8e-6 even at 6 sd. Through
 // post = 2σ(m·s + b) (slope ≤ s/2 ≤ 1) and the softmax / Sinkhorn (slope ≲ s ≤ 2 on the logits, the
 // normalisations divide out common factors) post and comb move by ≲ 1e-5. Bound: 5e-5 absolute, which
 // is still 2^-14 — far below anything a bf16 consumer can see.
@@ -128,6 +128,32 @@ void check_streams_output(const char* what, const std::vector<uint16_t>& got, co
   EXPECT_LE(differ, 4 + size_t(T * D) / 100) << what;
 }
 
+struct HcPreResult {
+  std::vector<uint16_t> out;
+  std::vector<float> post, comb;
+};
+
+// hc_pre on the GPU; every output and the scratch poisoned first.
+HcPreResult gpu_hc_pre(const std::vector<uint16_t>& X, int64_t T, int hc, int D, const HcWeights& w, int iters) {
+  Stream stream;
+  DeviceBuffer<uint16_t> d_X(X.size()), d_out(size_t(T * D));
+  DeviceBuffer<float> d_fn(w.fn.size()), d_base(w.base.size()), d_scale(w.scale.size());
+  DeviceBuffer<float> d_post(size_t(T * hc)), d_comb(size_t(T * hc * hc));
+  DeviceBuffer<float> d_partials(size_t(hc_mix_scratch_floats(T, hc, D, false)));
+  d_X.upload(X, stream.get());
+  d_fn.upload(w.fn, stream.get());
+  d_base.upload(w.base, stream.get());
+  d_scale.upload(w.scale, stream.get());
+  d_out.fill_bytes(0xff, stream.get());
+  d_post.fill_bytes(0xff, stream.get());
+  d_comb.fill_bytes(0xff, stream.get());
+  d_partials.fill_bytes(0xff, stream.get());
+  hc_pre(d_X.get(), T, hc, D, d_fn.get(), d_base.get(), d_scale.get(), iters, kNormEps, kHcEps, d_partials.get(),
+         d_out.get(), d_post.get(), d_comb.get(), stream.get());
+  DSV4_CUDA_CHECK_LAUNCH();
+  return {d_out.download(stream.get()), d_post.download(stream.get()), d_comb.download(stream.get())};
+}
+
 void check_hc_pre(int64_t T, int hc, int D, int iters) {
   const int width = hc * D, n_mix = (2 + hc) * hc;
   const std::vector<uint16_t> X = random_streams(T, hc, D);
@@ -142,30 +168,38 @@ void check_hc_pre(int64_t T, int hc, int D, int iters) {
   const std::vector<uint16_t> want_out = contents<uint16_t>(out_t);
   const std::vector<float> want_post = contents<float>(post_t), want_comb = contents<float>(comb_t);
 
-  Stream stream;
-  DeviceBuffer<uint16_t> d_X(X.size()), d_out(want_out.size());
-  DeviceBuffer<float> d_fn(w.fn.size()), d_base(w.base.size()), d_scale(w.scale.size());
-  DeviceBuffer<float> d_post(want_post.size()), d_comb(want_comb.size());
-  d_X.upload(X, stream.get());
-  d_fn.upload(w.fn, stream.get());
-  d_base.upload(w.base, stream.get());
-  d_scale.upload(w.scale, stream.get());
-  d_out.fill_bytes(0xff, stream.get());
-  d_post.fill_bytes(0xff, stream.get());
-  d_comb.fill_bytes(0xff, stream.get());
-  hc_pre(d_X.get(), T, hc, D, d_fn.get(), d_base.get(), d_scale.get(), iters, kNormEps, kHcEps, d_out.get(),
-         d_post.get(), d_comb.get(), stream.get());
-  DSV4_CUDA_CHECK_LAUNCH();
-  const std::vector<float> post = d_post.download(stream.get()), comb = d_comb.download(stream.get());
-  const float post_err = max_abs_diff(post, want_post), comb_err = max_abs_diff(comb, want_comb);
+  const HcPreResult got = gpu_hc_pre(X, T, hc, D, w, iters);
+  const float post_err = max_abs_diff(got.post, want_post), comb_err = max_abs_diff(got.comb, want_comb);
   char what[96];
   std::snprintf(what, sizeof what, "hc_pre T %lld hc %d D %d iters %d", (long long)T, hc, D, iters);
   std::printf("%s: max |Δpost| %.3g, max |Δcomb| %.3g\n", what, post_err, comb_err);
-  EXPECT_EQ(count_nan(post), 0u) << what;
-  EXPECT_EQ(count_nan(comb), 0u) << what;
+  EXPECT_EQ(count_nan(got.post), 0u) << what;
+  EXPECT_EQ(count_nan(got.comb), 0u) << what;
   EXPECT_LE(post_err, kMixTolerance) << what;
   EXPECT_LE(comb_err, kMixTolerance) << what;
-  check_streams_output(what, d_out.download(stream.get()), want_out, X, T, hc, D);
+  check_streams_output(what, got.out, want_out, X, T, hc, D);
+}
+
+// A token's mixes and x_in are the same bits alone, at any place in a batch and in batches of any
+// size (the slices and their order do not depend on T): decode steps of different batch sizes and
+// prefill chunks give a sequence the same numbers.
+TEST(HyperConnectionPre, RowsDoNotDependOnTheBatch) {
+  for (int D : {4096, 68}) {
+    const int hc = 4, T = 70;
+    const std::vector<uint16_t> X = random_streams(T, hc, D);
+    const HcWeights w = random_weights((2 + hc) * hc, hc * D, 3);
+    const HcPreResult all = gpu_hc_pre(X, T, hc, D, w, 20);
+    for (int64_t first : {0, 5, 33, 69})
+      for (int64_t n : {1, 3, 7}) {
+        if (first + n > T) continue;
+        const std::vector<uint16_t> part(X.begin() + first * hc * D, X.begin() + (first + n) * hc * D);
+        const HcPreResult got = gpu_hc_pre(part, n, hc, D, w, 20);
+        EXPECT_TRUE(std::equal(got.out.begin(), got.out.end(), all.out.begin() + first * D))
+            << "x_in of tokens " << first << "+" << n << " at D " << D;
+        EXPECT_TRUE(std::equal(got.post.begin(), got.post.end(), all.post.begin() + first * hc)) << first << "+" << n;
+        EXPECT_TRUE(std::equal(got.comb.begin(), got.comb.end(), all.comb.begin() + first * hc * hc)) << first << "+" << n;
+      }
+  }
 }
 
 TEST(HyperConnectionPre, MatchesCpu) {
@@ -174,9 +208,9 @@ TEST(HyperConnectionPre, MatchesCpu) {
     check_hc_pre(T, 4, 4096, 20);  // Flash
   }
   check_hc_pre(3, 4, 128, 1);    // the softmax and one column normalisation only
-  check_hc_pre(3, 4, 68, 20);    // a width that leaves most of the cluster's threads idle
+  check_hc_pre(3, 4, 68, 20);    // a width of 68 chunks: one slice and a part, lanes idle in both
   check_hc_pre(300, 4, 128, 20);
-  // Prefill-sized chunks (the cluster kernel at every token count).
+  // Prefill-sized chunks (many token groups per slice).
   check_hc_pre(517, 4, 128, 20);
   check_hc_pre(1029, 4, 4096, 20);
 }
@@ -199,8 +233,11 @@ void check_hc_head(int64_t T, int hc, int D) {
   d_fn.upload(w.fn, stream.get());
   d_base.upload(w.base, stream.get());
   d_scale.upload(w.scale, stream.get());
+  DeviceBuffer<float> d_partials(size_t(hc_mix_scratch_floats(T, hc, D, true)));
   d_out.fill_bytes(0xff, stream.get());
-  hc_head(d_X.get(), T, hc, D, d_fn.get(), d_base.get(), d_scale.get(), kNormEps, kHcEps, d_out.get(), stream.get());
+  d_partials.fill_bytes(0xff, stream.get());
+  hc_head(d_X.get(), T, hc, D, d_fn.get(), d_base.get(), d_scale.get(), kNormEps, kHcEps, d_partials.get(),
+          d_out.get(), stream.get());
   DSV4_CUDA_CHECK_LAUNCH();
   char what[96];
   std::snprintf(what, sizeof what, "hc_head T %lld hc %d D %d", (long long)T, hc, D);

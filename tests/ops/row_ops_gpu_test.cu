@@ -154,7 +154,8 @@ void check_rms_norm(int64_t rows, int n) {
 
 TEST(RowOpsRmsNorm, MatchesCpu) {
   for (int64_t rows : {1, 3, 37})
-    for (int n : {128, 512, 1024, 4096}) check_rms_norm(rows, n);
+    for (int n : {128, 512, 1024, 4096}) check_rms_norm(rows, n);  // 8 channels a load
+  check_rms_norm(5, 100);  // a width that is no multiple of 8: one channel a load
 }
 
 // ---- head_rms_norm -------------------------------------------------------------------------------

@@ -433,9 +433,11 @@ Tensor CudaBackend::hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mu
   Tensor out = alloc(DType::BF16, {T, D});
   *post = alloc(DType::F32, {T, hc_mult});
   *comb = alloc(DType::F32, {T, hc_mult, hc_mult});
-  if (T)
+  if (T) {
+    Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), false)});
     cuda::hc_pre(X.ptr<uint16_t>(), T, hc_mult, int(D), hc.fn, hc.base, hc.scale, iters, norm_eps, hc_eps,
-                 out.ptr<uint16_t>(), post->ptr<float>(), comb->ptr<float>(), stream());
+                 partials.ptr<float>(), out.ptr<uint16_t>(), post->ptr<float>(), comb->ptr<float>(), stream());
+  }
   return out;
 }
 
@@ -453,9 +455,11 @@ Tensor CudaBackend::hc_head(const Tensor& X, const HyperConnection& hc, int hc_m
   const int64_t T = X.rows();
   const int64_t D = X.numel() / std::max<int64_t>(T, 1) / hc_mult;
   Tensor out = alloc(DType::BF16, {T, D});
-  if (T)
+  if (T) {
+    Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), true)});
     cuda::hc_head(X.ptr<uint16_t>(), T, hc_mult, int(D), hc.fn, hc.base, hc.scale, norm_eps, hc_eps,
-                  out.ptr<uint16_t>(), stream());
+                  partials.ptr<float>(), out.ptr<uint16_t>(), stream());
+  }
   return out;
 }
 

@@ -1,14 +1,11 @@
 // Hyper-connection kernels (backend/cuda/hyper_connection.h).
-// hc_pre / hc_head: a cluster of blocks per token reads the token's hc·D streams once, each thread
-// accumulating all the mixes' partial dot products and the sum of squares; block then cluster
-// reductions; then one warp does the per-token scalar work (sigmoids; for hc_pre the Sinkhorn with one
-// lane per row / column, in the CPU's order) and the cluster writes x_in. hc_post: a thread per
-// (token, channel). Every f32 step the CPU rounds separately is written with the _rn intrinsics (no
-// FMA contraction: the CPU build has none), so given the same mixes the outputs are bit-exact; only
-// the reductions (double on the CPU) differ in order.
+// hc_pre / hc_head: two launches (below, before hc_mix_partials_kernel): partial dot products and sums
+// of squares per (token, channel slice), then per token their sum in slice order, the per-token
+// scalar work (sigmoids; for hc_pre the Sinkhorn with one lane per row / column, in the CPU's order)
+// and x_in. hc_post: a thread per (token, channel). Every f32 step the CPU rounds separately is
+// written with the _rn intrinsics (no FMA contraction: the CPU build has none), so given the same
+// mixes the outputs are bit-exact; only the reductions (double on the CPU) differ in order.
 #include "backend/cuda/hyper_connection.h"
-
-#include <cooperative_groups.h>
 
 #include <cstdint>
 
@@ -20,11 +17,8 @@
 namespace dsv4::cuda {
 namespace {
 
-namespace cg = cooperative_groups;
-
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
-constexpr int kClusterBlocks = 8;  // blocks per token in hc_pre / hc_head (the portable cluster size)
 
 
 
@@ -61,7 +55,7 @@ __device__ __forceinline__ void token_pre_post(const float* m, const float* base
                                                int lane, float* pre, float* post_t) {
   if (lane >= HC) return;
   pre[lane] = __fadd_rn(sigmoid(__fadd_rn(__fmul_rn(m[lane], scale[0]), base[lane])), hc_eps);
-  if constexpr (NMix > HC)
+  if (NMix > HC && post_t)
     post_t[lane] = __fmul_rn(2.0f, sigmoid(__fadd_rn(__fmul_rn(m[HC + lane], scale[1]), base[HC + lane])));
 }
 
@@ -92,95 +86,161 @@ __device__ __forceinline__ void token_comb(const float* m, const float* base, co
     for (int b = 0; b < HC; ++b) comb_t[lane * HC + b] = C[lane * HC + b];
 }
 
-// One token per cluster of kClusterBlocks blocks (so a decode step's few tokens still spread the
-// 24 × 16384 f32 weights over many SMs). NMix = (2+HC)·HC for hc_pre (pre, post, comb), HC for hc_head
-// (pre only). Block `rank` of the cluster takes the float4 chunks q ≡ rank·kThreads + tid (mod
-// kClusterBlocks·kThreads) of the token's hc·D channels; rank 0 adds the blocks' partial sums in rank
-// order (distributed shared memory), does the scalar work and hands pre back to every block, which
-// then writes its share of x_in.
+// The mixes in two launches, so that a decode step's one token still spreads the 24 × 16384 f32
+// weights over many SMs and a prefill chunk's thousands of tokens share each weight load:
+//  1. hc_mix_partials_kernel: block (s, g) takes the slice s of kSliceChunks float4 chunks of the hc·D
+//     channels and kWarps × kTileTokens tokens; each warp takes kTileTokens tokens, lane l the chunks
+//     l and l + 32 of the slice. A lane's fn loads serve its tile's tokens (and the block's warps share
+//     them through L1). Its NMix dot products and the sum of squares go through one transposing
+//     shuffle reduction to partials[t][s][·].
+//  2. hc_mix_finish_kernel: blocks_per_token blocks per token add the slices' partials in slice order,
+//     scale by rs, do the per-token scalar work and write their share of x_in; block 0 also the post
+//     mixes and the Sinkhorn.
+// A token's arithmetic depends only on its own channels and the fixed slices, never on T or on the
+// token's place in a tile: a row's result is the same alone and in any batch.
+constexpr int kSliceChunks = 64;  // 256 channels: 2 float4 chunks per lane
+constexpr int kTileTokens = 4;    // tokens per warp (4 × 24 accumulators per lane)
+constexpr int kFinishChannels = kThreads * 4;  // x_in channels per finishing block
+
+// One step of warp_transpose_sum: a lane keeps the half of v[0, 2·Keep) its partner (lane ^ Keep)
+// drops and adds the partner's copy of it.
+template <int Keep>
+__device__ __forceinline__ void transpose_sum_step(float (&v)[32], int lane) {
+  const bool upper = lane & Keep;
+#pragma unroll
+  for (int i = 0; i < Keep; ++i) {
+    const float send = upper ? v[i] : v[i + Keep];
+    const float mine = upper ? v[i + Keep] : v[i];
+    v[i] = mine + __shfl_xor_sync(0xffffffffu, send, Keep);
+  }
+}
+
+// v[i] summed over the warp's lanes for i < 32, in 31 shuffles: lane l ends with Σ v[l] in v[0].
+// (Steps as template arguments: each one's loop has a constant count, so v stays in registers.)
+__device__ __forceinline__ float warp_transpose_sum(float (&v)[32], int lane) {
+  transpose_sum_step<16>(v, lane);
+  transpose_sum_step<8>(v, lane);
+  transpose_sum_step<4>(v, lane);
+  transpose_sum_step<2>(v, lane);
+  transpose_sum_step<1>(v, lane);
+  return v[0];
+}
+
+template <int NMix>
+__global__ void __launch_bounds__(kThreads)
+    hc_mix_partials_kernel(const uint16_t* __restrict__ X, int64_t T, int width, const float* __restrict__ fn,
+                           int slices, float* __restrict__ partials) {
+  static_assert(NMix + 1 <= 32, "one lane per partial sum");
+  const int s = blockIdx.x;
+  const int chunks = width / 4, first = s * kSliceChunks;
+  // The weights do not depend on the step before: start their slice on its way to L2 while that step
+  // finishes (each row's slice is kSliceChunks · 16 bytes = 8 lines of 128 bytes).
+  constexpr int kLines = kSliceChunks * 16 / 128;
+  for (int i = threadIdx.x; i < NMix * kLines; i += kThreads) {
+    const int64_t channel = int64_t(first) * 4 + (i % kLines) * 32;
+    if (channel < width) prefetch_l2(fn + int64_t(i / kLines) * width + channel);
+  }
+  pdl_wait();
+  pdl_launch_dependents();
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int64_t t0 = (int64_t(blockIdx.y) * kWarps + warp) * kTileTokens;
+  if (t0 >= T) return;
+  const int tokens = T - t0 < kTileTokens ? int(T - t0) : kTileTokens;
+
+  float acc[kTileTokens][NMix], ss[kTileTokens];
+#pragma unroll
+  for (int k = 0; k < kTileTokens; ++k) {
+    ss[k] = 0;
+#pragma unroll
+    for (int j = 0; j < NMix; ++j) acc[k][j] = 0;
+  }
+#pragma unroll
+  for (int c = 0; c < kSliceChunks / 32; ++c) {
+    const int q = first + c * 32 + lane;
+    if (q >= chunks) continue;  // (no break: the loops stay unrolled and acc in registers)
+    float v[kTileTokens][4];
+#pragma unroll
+    for (int k = 0; k < kTileTokens; ++k) {
+      const uint2 raw = k < tokens ? reinterpret_cast<const uint2*>(X + (t0 + k) * width)[q] : make_uint2(0, 0);
+      v[k][0] = __uint_as_float(raw.x << 16), v[k][1] = __uint_as_float(raw.x & 0xffff0000u);
+      v[k][2] = __uint_as_float(raw.y << 16), v[k][3] = __uint_as_float(raw.y & 0xffff0000u);
+#pragma unroll
+      for (int e = 0; e < 4; ++e) ss[k] = fmaf(v[k][e], v[k][e], ss[k]);
+    }
+#pragma unroll
+    for (int j = 0; j < NMix; ++j) {
+      const float4 f = reinterpret_cast<const float4*>(fn + int64_t(j) * width)[q];
+#pragma unroll
+      for (int k = 0; k < kTileTokens; ++k)
+        acc[k][j] = fmaf(v[k][0], f.x, fmaf(v[k][1], f.y, fmaf(v[k][2], f.z, fmaf(v[k][3], f.w, acc[k][j]))));
+    }
+  }
+#pragma unroll
+  for (int k = 0; k < kTileTokens; ++k) {
+    if (k >= tokens) continue;
+    float v[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] = j < NMix ? acc[k][j] : j == NMix ? ss[k] : 0.0f;
+    const float sum = warp_transpose_sum(v, lane);
+    if (lane <= NMix) partials[((t0 + k) * slices + s) * (NMix + 1) + lane] = sum;
+  }
+}
+
+// NMix = (2+HC)·HC for hc_pre (pre, post, comb), HC for hc_head (pre only).
 template <int HC, int NMix>
-__global__ void __cluster_dims__(kClusterBlocks, 1, 1) __launch_bounds__(kThreads)
-    hc_mix_kernel(const uint16_t* __restrict__ X, int D, const float* __restrict__ fn,
-                  const float* __restrict__ base, const float* __restrict__ scale, int iters, float norm_eps,
-                  float hc_eps, uint16_t* __restrict__ out, float* __restrict__ post, float* __restrict__ comb) {
+__global__ void __launch_bounds__(kThreads)
+    hc_mix_finish_kernel(const uint16_t* __restrict__ X, int D, const float* __restrict__ partials, int slices,
+                         const float* __restrict__ base, const float* __restrict__ scale, int iters, float norm_eps,
+                         float hc_eps, int blocks_per_token, uint16_t* __restrict__ out, float* __restrict__ post,
+                         float* __restrict__ comb) {
   constexpr bool kFull = NMix > HC;
-  __shared__ float warp_partial[NMix + 1][kWarps];  // [j][warp]: mixes, then the sum of squares
-  __shared__ float block_partial[NMix + 1];
+  __shared__ float sums[NMix + 1];
   __shared__ float mix[NMix];  // m_j = (v · fn_j) · rs
   __shared__ float pre[HC];
   __shared__ float C[HC * HC];
   pdl_wait();
   pdl_launch_dependents();
-  cg::cluster_group cluster = cg::this_cluster();
-  const int rank = int(cluster.block_rank());
-  const int64_t t = blockIdx.x / kClusterBlocks;
-  const int width = HC * D;
+  const int64_t t = blockIdx.x / blocks_per_token;
+  const int part = blockIdx.x % blocks_per_token;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const uint16_t* xt = X + t * width;  // the concatenated streams, stream-major (SPEC §3.2)
-
-  float acc[NMix], ss = 0;
-#pragma unroll
-  for (int j = 0; j < NMix; ++j) acc[j] = 0;
-  const int chunks = width / 4;
-  for (int q = rank * kThreads + threadIdx.x; q < chunks; q += kClusterBlocks * kThreads) {
-    const uint2 raw = reinterpret_cast<const uint2*>(xt)[q];
-    const float v[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
-                        __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)};
-#pragma unroll
-    for (int k = 0; k < 4; ++k) ss = fmaf(v[k], v[k], ss);
-#pragma unroll
-    for (int j = 0; j < NMix; ++j) {
-      const float4 f = reinterpret_cast<const float4*>(fn + int64_t(j) * width)[q];
-      acc[j] = fmaf(v[0], f.x, fmaf(v[1], f.y, fmaf(v[2], f.z, fmaf(v[3], f.w, acc[j]))));
-    }
-  }
-#pragma unroll
-  for (int j = 0; j < NMix; ++j) acc[j] = warp_sum(acc[j]);
-  ss = warp_sum(ss);
-  if (lane == 0) {
-#pragma unroll
-    for (int j = 0; j < NMix; ++j) warp_partial[j][warp] = acc[j];
-    warp_partial[NMix][warp] = ss;
+  const int width = HC * D;
+  if (threadIdx.x <= NMix) {
+    const float* p = partials + t * slices * (NMix + 1) + threadIdx.x;
+    float s = 0;
+    for (int k = 0; k < slices; ++k) s += p[k * (NMix + 1)];
+    sums[threadIdx.x] = s;
   }
   __syncthreads();
-  if (threadIdx.x <= NMix) {
-    float s = 0;
-    for (int w = 0; w < kWarps; ++w) s += warp_partial[threadIdx.x][w];
-    block_partial[threadIdx.x] = s;
+  if (threadIdx.x < NMix) {
+    // rs and m as hc_mixes: the CPU divides its double sum by the width in double, rounds to f32.
+    const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(float(double(sums[NMix]) / double(width)), norm_eps)));
+    mix[threadIdx.x] = __fmul_rn(sums[threadIdx.x], rs);
   }
-  cluster.sync();  // every block's partial sums are visible to rank 0
+  __syncthreads();
+  if (warp == 0) token_pre_post<HC, NMix>(mix, base, scale, hc_eps, lane, pre, kFull && part == 0 ? post + t * HC : nullptr);
+  __syncthreads();
 
-  if (rank == 0) {
-    if (threadIdx.x < NMix) {
-      // Every thread adds the blocks' sums of squares in the same order, so all see the same rs.
-      float s = 0, sq = 0;
-      for (int r = 0; r < kClusterBlocks; ++r) {
-        const float* partial = cluster.map_shared_rank(block_partial, r);
-        s += partial[threadIdx.x];
-        sq += partial[NMix];
-      }
-      // rs and m as hc_mixes: the CPU divides its double sum by the width in double, rounds to f32.
-      const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(float(double(sq) / double(width)), norm_eps)));
-      mix[threadIdx.x] = __fmul_rn(s, rs);
-    }
-    __syncthreads();
-    if (warp == 0) token_pre_post<HC, NMix>(mix, base, scale, hc_eps, lane, pre, kFull ? post + t * HC : nullptr);
-  }
-  cluster.sync();  // rank 0's pre is ready
-  if (rank != 0 && threadIdx.x < HC) pre[threadIdx.x] = cluster.map_shared_rank(pre, 0)[threadIdx.x];
-  cluster.sync();  // no block leaves while another still reads its shared memory
-
-  // x_in = bf(Σ_j pre[j]·X[j]), accumulated from 0 in stream order as the CPU.
-  for (int d = rank * kThreads + threadIdx.x; d < D; d += kClusterBlocks * kThreads) {
-    float a = 0;
+  // x_in = bf(Σ_j pre[j]·X[j]), accumulated from 0 in stream order as the CPU; 4 channels a thread.
+  const uint16_t* xt = X + t * width;
+  const int d = part * kFinishChannels + threadIdx.x * 4;
+  if (d < D) {
+    float a[4] = {0, 0, 0, 0};
 #pragma unroll
-    for (int j = 0; j < HC; ++j) a = __fadd_rn(a, __fmul_rn(pre[j], bf16_value(xt[j * D + d])));
-    out[t * D + d] = bf16_bits(a);
+    for (int j = 0; j < HC; ++j) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(xt + j * D + d);
+      const float x[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
+                          __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[e] = __fadd_rn(a[e], __fmul_rn(pre[j], x[e]));
+    }
+    const uint2 packed = make_uint2(uint32_t(bf16_bits(a[0])) | uint32_t(bf16_bits(a[1])) << 16,
+                                    uint32_t(bf16_bits(a[2])) | uint32_t(bf16_bits(a[3])) << 16);
+    *reinterpret_cast<uint2*>(out + t * D + d) = packed;
   }
   // The Sinkhorn last, when nothing else is left to do: the x_in loop's state is then no longer live
   // across the division calls (which otherwise made ptxas spill on sm_120).
   if constexpr (kFull)
-    if (rank == 0 && warp == 0) token_comb<HC>(mix, base, scale, iters, hc_eps, lane, C, comb + t * HC * HC);
+    if (part == 0 && warp == 0) token_comb<HC>(mix, base, scale, iters, hc_eps, lane, C, comb + t * HC * HC);
 }
 
 // A thread per (token, channel d): blocks_per_token blocks of kThreads channels per token, so one
@@ -215,6 +275,9 @@ __global__ void __launch_bounds__(kThreads) hc_post_kernel(const uint16_t* __res
   }
 }
 
+int hc_slices(int hc, int D) { return (hc * D / 4 + kSliceChunks - 1) / kSliceChunks; }
+int hc_blocks_per_token(int D) { return (D + kFinishChannels - 1) / kFinishChannels; }
+
 void check_shape(const char* op, int64_t T, int hc, int D) {
   if (hc < 1 || hc > 4 || D <= 0 || T > 0x7fffffff || int64_t(hc) * D > 0x7fffffff)
     fail("{}: T {} hc {} D {} (hc must be 1…4)", op, T, hc, D);
@@ -224,27 +287,27 @@ void check_shape(const char* op, int64_t T, int hc, int D) {
 // for hc = 4 only (DeepSeek-V4): other stream counts are supported by hc_post alone, because with
 // sm_120's ptxas some of the other instantiations spill a register around the Sinkhorn's IEEE
 // division calls (a build error under -warn-spills).
-void check_mix_operands(const char* op, int64_t T, int hc, int D, const uint16_t* X, const float* fn) {
+void check_mix_operands(const char* op, int64_t T, int hc, int D, const uint16_t* X, const float* fn,
+                        const float* partials) {
   if (hc != 4) fail("{}: hc {} (the mix kernels are built for hc = 4)", op, hc);
   if (D % 4 || reinterpret_cast<uintptr_t>(X) % 8 || reinterpret_cast<uintptr_t>(fn) % 16)
     fail("{}: D {} must be a multiple of 4, X 8-byte and fn 16-byte aligned", op, D);
-  if (T * kClusterBlocks > 0x7fffffff) fail("{}: {} tokens exceed the grid", op, T);
+  if ((T + kWarps * kTileTokens - 1) / (kWarps * kTileTokens) > 65535 || T * hc_blocks_per_token(D) > 0x7fffffff)
+    fail("{}: {} tokens exceed the grid", op, T);
+  if (T && !partials) fail("{}: no scratch for the partial sums", op);
 }
 
-template <int HC>
-void launch_hc_pre(const uint16_t* X, int64_t T, int D, const float* fn, const float* base, const float* scale,
-                   int iters, float norm_eps, float hc_eps, uint16_t* out, float* post, float* comb,
+template <int HC, int NMix>
+void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const float* base, const float* scale,
+                   int iters, float norm_eps, float hc_eps, float* partials, uint16_t* out, float* post, float* comb,
                    cudaStream_t stream) {
-  launch_programmatic(hc_mix_kernel<HC, (2 + HC) * HC>, dim3(unsigned(T * kClusterBlocks)), dim3(kThreads), 0,
-                      stream, X, D, fn, base, scale, iters, norm_eps, hc_eps, out, post, comb);
-}
-
-template <int HC>
-void launch_hc_head(const uint16_t* X, int64_t T, int D, const float* fn, const float* base, const float* scale,
-                    float norm_eps, float hc_eps, uint16_t* out, cudaStream_t stream) {
-  launch_programmatic(hc_mix_kernel<HC, HC>, dim3(unsigned(T * kClusterBlocks)), dim3(kThreads), 0, stream, X, D,
-                      fn, base, scale, 0, norm_eps, hc_eps, out, static_cast<float*>(nullptr),
-                      static_cast<float*>(nullptr));
+  const int slices = hc_slices(HC, D), blocks_per_token = hc_blocks_per_token(D);
+  const unsigned token_groups = unsigned((T + kWarps * kTileTokens - 1) / (kWarps * kTileTokens));
+  launch_programmatic(hc_mix_partials_kernel<NMix>, dim3(unsigned(slices), token_groups), dim3(kThreads), 0, stream,
+                      X, T, HC * D, fn, slices, partials);
+  launch_programmatic(hc_mix_finish_kernel<HC, NMix>, dim3(unsigned(T * blocks_per_token)), dim3(kThreads), 0,
+                      stream, X, D, static_cast<const float*>(partials), slices, base, scale, iters, norm_eps, hc_eps,
+                      blocks_per_token, out, post, comb);
 }
 
 template <int HC>
@@ -258,12 +321,18 @@ void launch_hc_post(const uint16_t* y, const uint16_t* X, const float* post, con
 
 }  // namespace
 
+int64_t hc_mix_scratch_floats(int64_t T, int hc, int D, bool head) {
+  const int n_mix = head ? hc : (2 + hc) * hc;
+  return T * hc_slices(hc, D) * (n_mix + 1);
+}
+
 void hc_pre(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
-            int iters, float norm_eps, float hc_eps, uint16_t* out, float* post, float* comb, cudaStream_t stream) {
+            int iters, float norm_eps, float hc_eps, float* partials, uint16_t* out, float* post, float* comb,
+            cudaStream_t stream) {
   check_shape("hc_pre", T, hc, D);
-  check_mix_operands("hc_pre", T, hc, D, X, fn);
+  check_mix_operands("hc_pre", T, hc, D, X, fn, partials);
   if (T == 0) return;
-  launch_hc_pre<4>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, out, post, comb, stream);
+  launch_hc_mix<4, 24>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, partials, out, post, comb, stream);
 }
 
 void hc_post(const uint16_t* y, const uint16_t* X, const float* post, const float* comb, int64_t T, int hc, int D,
@@ -279,11 +348,11 @@ void hc_post(const uint16_t* y, const uint16_t* X, const float* post, const floa
 }
 
 void hc_head(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
-             float norm_eps, float hc_eps, uint16_t* out, cudaStream_t stream) {
+             float norm_eps, float hc_eps, float* partials, uint16_t* out, cudaStream_t stream) {
   check_shape("hc_head", T, hc, D);
-  check_mix_operands("hc_head", T, hc, D, X, fn);
+  check_mix_operands("hc_head", T, hc, D, X, fn, partials);
   if (T == 0) return;
-  launch_hc_head<4>(X, T, D, fn, base, scale, norm_eps, hc_eps, out, stream);
+  launch_hc_mix<4, 4>(X, T, D, fn, base, scale, 0, norm_eps, hc_eps, partials, out, nullptr, nullptr, stream);
 }
 
 }  // namespace dsv4::cuda

@@ -13,18 +13,25 @@
 
 namespace dsv4::cuda {
 
+// The f32 scratch hc_pre (head = false) or hc_head (head = true) needs for T tokens: the partial sums
+// of each token's channel slices (a token's result does not depend on T or on its neighbours).
+int64_t hc_mix_scratch_floats(int64_t T, int hc, int D, bool head);
+
 // CpuBackend::hc_pre. X bf16 [T, hc, D]; fn f32 [(2+hc)·hc, hc·D]; base f32 [(2+hc)·hc]; scale f32 [3].
-// out bf16 [T, D]; post f32 [T, hc]; comb f32 [T, hc, hc].
+// partials: hc_mix_scratch_floats(T, hc, D, false) floats. out bf16 [T, D]; post f32 [T, hc]; comb f32
+// [T, hc, hc].
 void hc_pre(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
-            int iters, float norm_eps, float hc_eps, uint16_t* out, float* post, float* comb, cudaStream_t stream);
+            int iters, float norm_eps, float hc_eps, float* partials, uint16_t* out, float* post, float* comb,
+            cudaStream_t stream);
 
 // CpuBackend::hc_post: out[t,b,:] = bf16(post[t,b]·y[t,:] + Σ_a comb[t,a,b]·X[t,a,:]); y bf16 [T, D],
 // X and out bf16 [T, hc, D] (out must not alias X).
 void hc_post(const uint16_t* y, const uint16_t* X, const float* post, const float* comb, int64_t T, int hc, int D,
              uint16_t* out, cudaStream_t stream);
 
-// CpuBackend::hc_head: fn f32 [hc, hc·D], base f32 [hc], scale f32 [1]; out bf16 [T, D].
+// CpuBackend::hc_head: fn f32 [hc, hc·D], base f32 [hc], scale f32 [1]; partials:
+// hc_mix_scratch_floats(T, hc, D, true) floats; out bf16 [T, D].
 void hc_head(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
-             float norm_eps, float hc_eps, uint16_t* out, cudaStream_t stream);
+             float norm_eps, float hc_eps, float* partials, uint16_t* out, cudaStream_t stream);
 
 }  // namespace dsv4::cuda
