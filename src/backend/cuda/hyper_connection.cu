@@ -25,28 +25,13 @@ constexpr int kWarps = kThreads / 32;
 // The CPU's sigmoid: 1 / (1 + exp(−z)); expf is within 2 ulp of std::exp.
 __device__ __forceinline__ float sigmoid(float z) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-z))); }
 
-// C[a][b] /= (Σ_a C[a][b] + eps) for column b = lane (lanes ≥ hc idle), sums in row order.
+// Σ_k C[first + k·stride] for k = 0 … HC−1 in that order, each entry from the lane that holds it.
 template <int HC>
-__device__ __forceinline__ void sinkhorn_col_norm(float* C, int lane, float eps) {
-  if (lane < HC) {
-    float s = 0;
-    for (int a = 0; a < HC; ++a) s = __fadd_rn(s, C[a * HC + lane]);
-    const float d = __fadd_rn(s, eps);
-    for (int a = 0; a < HC; ++a) C[a * HC + lane] = __fdiv_rn(C[a * HC + lane], d);
-  }
-  __syncwarp();
-}
-
-// C[a][b] /= (Σ_b C[a][b] + eps) for row a = lane.
-template <int HC>
-__device__ __forceinline__ void sinkhorn_row_norm(float* C, int lane, float eps) {
-  if (lane < HC) {
-    float s = 0;
-    for (int b = 0; b < HC; ++b) s = __fadd_rn(s, C[lane * HC + b]);
-    const float d = __fadd_rn(s, eps);
-    for (int b = 0; b < HC; ++b) C[lane * HC + b] = __fdiv_rn(C[lane * HC + b], d);
-  }
-  __syncwarp();
+__device__ __forceinline__ float ordered_lane_sum(float c, int first, int stride) {
+  float s = 0;
+#pragma unroll
+  for (int k = 0; k < HC; ++k) s = __fadd_rn(s, __shfl_sync(0xffffffffu, c, first + k * stride));
+  return s;
 }
 
 // pre (and for hc_pre post) of one token from its mixes m, lane j < HC computing stream j (SPEC §3.2).
@@ -60,30 +45,27 @@ __device__ __forceinline__ void token_pre_post(const float* m, const float* base
 }
 
 // comb of one token (hc_pre): row softmax + eps, a column normalisation, then (iters − 1) × (row,
-// column), one lane per row / column, each step in the CPU's order. Called by a whole warp.
+// column), each step in the CPU's order. Called by a whole warp; lane a·HC + b holds C[a][b] in a
+// register and gathers its row's or column's entries by shuffles (no shared memory, no barriers:
+// this is the decode step's one serial stretch).
 template <int HC>
 __device__ __forceinline__ void token_comb(const float* m, const float* base, const float* scale, int iters,
-                                           float hc_eps, int lane, float* C, float* comb_t) {
-  if (lane < HC) {
-    float* row = C + lane * HC;
-    float mx = -INFINITY;
-    for (int b = 0; b < HC; ++b) {
-      const int j = 2 * HC + lane * HC + b;
-      row[b] = __fadd_rn(__fmul_rn(m[j], scale[2]), base[j]);
-      mx = fmaxf(mx, row[b]);
-    }
-    float s = 0;
-    for (int b = 0; b < HC; ++b) s = __fadd_rn(s, row[b] = expf(__fsub_rn(row[b], mx)));
-    for (int b = 0; b < HC; ++b) row[b] = __fadd_rn(__fdiv_rn(row[b], s), hc_eps);
-  }
-  __syncwarp();
-  sinkhorn_col_norm<HC>(C, lane, hc_eps);
+                                           float hc_eps, int lane, float* comb_t) {
+  static_assert(HC * HC <= 32, "a lane per entry");
+  const int l = lane % (HC * HC), a = l / HC, b = l % HC;  // lanes ≥ HC·HC mirror lanes < HC·HC
+  const int j = 2 * HC + l;
+  float c = __fadd_rn(__fmul_rn(m[j], scale[2]), base[j]);
+  float mx = -INFINITY;
+#pragma unroll
+  for (int k = 0; k < HC; ++k) mx = fmaxf(mx, __shfl_sync(0xffffffffu, c, a * HC + k));
+  c = expf(__fsub_rn(c, mx));
+  c = __fadd_rn(__fdiv_rn(c, ordered_lane_sum<HC>(c, a * HC, 1)), hc_eps);
+  c = __fdiv_rn(c, __fadd_rn(ordered_lane_sum<HC>(c, b, HC), hc_eps));
   for (int it = 1; it < iters; ++it) {
-    sinkhorn_row_norm<HC>(C, lane, hc_eps);
-    sinkhorn_col_norm<HC>(C, lane, hc_eps);
+    c = __fdiv_rn(c, __fadd_rn(ordered_lane_sum<HC>(c, a * HC, 1), hc_eps));
+    c = __fdiv_rn(c, __fadd_rn(ordered_lane_sum<HC>(c, b, HC), hc_eps));
   }
-  if (lane < HC)
-    for (int b = 0; b < HC; ++b) comb_t[lane * HC + b] = C[lane * HC + b];
+  if (lane < HC * HC) comb_t[lane] = c;
 }
 
 // The mixes in two launches, so that a decode step's one token still spreads the 24 × 16384 f32
@@ -93,9 +75,9 @@ __device__ __forceinline__ void token_comb(const float* m, const float* base, co
 //     l and l + 32 of the slice. A lane's fn loads serve its tile's tokens (and the block's warps share
 //     them through L1). Its NMix dot products and the sum of squares go through one transposing
 //     shuffle reduction to partials[t][s][·].
-//  2. hc_mix_finish_kernel: blocks_per_token blocks per token add the slices' partials in slice order,
-//     scale by rs, do the per-token scalar work and write their share of x_in; block 0 also the post
-//     mixes and the Sinkhorn.
+//  2. hc_mix_finish_kernel: blocks_per_token blocks per token add the slices' partials (a fixed
+//     order), scale by rs, do the per-token scalar work and write their share of x_in; block 0 also
+//     the post mixes and the Sinkhorn.
 // A token's arithmetic depends only on its own channels and the fixed slices, never on T or on the
 // token's place in a tile: a row's result is the same alone and in any batch.
 constexpr int kSliceChunks = 64;  // 256 channels: 2 float4 chunks per lane
@@ -197,18 +179,20 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float sums[NMix + 1];
   __shared__ float mix[NMix];  // m_j = (v · fn_j) · rs
   __shared__ float pre[HC];
-  __shared__ float C[HC * HC];
   pdl_wait();
   pdl_launch_dependents();
   const int64_t t = blockIdx.x / blocks_per_token;
   const int part = blockIdx.x % blocks_per_token;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int width = HC * D;
-  if (threadIdx.x <= NMix) {
-    const float* p = partials + t * slices * (NMix + 1) + threadIdx.x;
+  // Warp w adds the slices' partials of sums j ≡ w (mod kWarps): lane l those of slices l, l + 32, …
+  // in order, then the lanes in a fixed tree (the slices are at most a few dozen: no serial chain).
+  for (int j = warp; j <= NMix; j += kWarps) {
+    const float* p = partials + t * slices * (NMix + 1) + j;
     float s = 0;
-    for (int k = 0; k < slices; ++k) s += p[k * (NMix + 1)];
-    sums[threadIdx.x] = s;
+    for (int k = lane; k < slices; k += 32) s += p[k * (NMix + 1)];
+    s = warp_sum(s);
+    if (lane == 0) sums[j] = s;
   }
   __syncthreads();
   if (threadIdx.x < NMix) {
@@ -222,8 +206,7 @@ __global__ void __launch_bounds__(kThreads)
 
   // x_in = bf(Σ_j pre[j]·X[j]), accumulated from 0 in stream order as the CPU; 4 channels a thread.
   const uint16_t* xt = X + t * width;
-  const int d = part * kFinishChannels + threadIdx.x * 4;
-  if (d < D) {
+  for (int d = part * kFinishChannels + threadIdx.x * 4; d < D; d += blocks_per_token * kFinishChannels) {
     float a[4] = {0, 0, 0, 0};
 #pragma unroll
     for (int j = 0; j < HC; ++j) {
@@ -240,7 +223,7 @@ __global__ void __launch_bounds__(kThreads)
   // The Sinkhorn last, when nothing else is left to do: the x_in loop's state is then no longer live
   // across the division calls (which otherwise made ptxas spill on sm_120).
   if constexpr (kFull)
-    if (part == 0 && warp == 0) token_comb<HC>(mix, base, scale, iters, hc_eps, lane, C, comb + t * HC * HC);
+    if (part == 0 && warp == 0) token_comb<HC>(mix, base, scale, iters, hc_eps, lane, comb + t * HC * HC);
 }
 
 // A thread per (token, channel d): blocks_per_token blocks of kThreads channels per token, so one
@@ -276,7 +259,12 @@ __global__ void __launch_bounds__(kThreads) hc_post_kernel(const uint16_t* __res
 }
 
 int hc_slices(int hc, int D) { return (hc * D / 4 + kSliceChunks - 1) / kSliceChunks; }
-int hc_blocks_per_token(int D) { return (D + kFinishChannels - 1) / kFinishChannels; }
+// Finishing blocks per token: a decode step's few tokens spread x_in over several SMs; a prefill
+// chunk's many tokens fill the GPU with one each (every block re-adds the token's partial sums).
+// Either way each channel's arithmetic is the same.
+int hc_blocks_per_token(int64_t T, int D) {
+  return T >= 64 ? 1 : (D + kFinishChannels - 1) / kFinishChannels;
+}
 
 void check_shape(const char* op, int64_t T, int hc, int D) {
   if (hc < 1 || hc > 4 || D <= 0 || T > 0x7fffffff || int64_t(hc) * D > 0x7fffffff)
@@ -292,7 +280,7 @@ void check_mix_operands(const char* op, int64_t T, int hc, int D, const uint16_t
   if (hc != 4) fail("{}: hc {} (the mix kernels are built for hc = 4)", op, hc);
   if (D % 4 || reinterpret_cast<uintptr_t>(X) % 8 || reinterpret_cast<uintptr_t>(fn) % 16)
     fail("{}: D {} must be a multiple of 4, X 8-byte and fn 16-byte aligned", op, D);
-  if ((T + kWarps * kTileTokens - 1) / (kWarps * kTileTokens) > 65535 || T * hc_blocks_per_token(D) > 0x7fffffff)
+  if ((T + kWarps * kTileTokens - 1) / (kWarps * kTileTokens) > 65535 || T * hc_blocks_per_token(T, D) > 0x7fffffff)
     fail("{}: {} tokens exceed the grid", op, T);
   if (T && !partials) fail("{}: no scratch for the partial sums", op);
 }
@@ -301,7 +289,7 @@ template <int HC, int NMix>
 void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const float* base, const float* scale,
                    int iters, float norm_eps, float hc_eps, float* partials, uint16_t* out, float* post, float* comb,
                    cudaStream_t stream) {
-  const int slices = hc_slices(HC, D), blocks_per_token = hc_blocks_per_token(D);
+  const int slices = hc_slices(HC, D), blocks_per_token = hc_blocks_per_token(T, D);
   const unsigned token_groups = unsigned((T + kWarps * kTileTokens - 1) / (kWarps * kTileTokens));
   launch_programmatic(hc_mix_partials_kernel<NMix>, dim3(unsigned(slices), token_groups), dim3(kThreads), 0, stream,
                       X, T, HC * D, fn, slices, partials);
