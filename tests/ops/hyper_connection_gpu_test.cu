@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <utility>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -184,12 +185,13 @@ void check_hc_pre(int64_t T, int hc, int D, int iters) {
 // size (the slices and their order do not depend on T): decode steps of different batch sizes and
 // prefill chunks give a sequence the same numbers.
 TEST(HyperConnectionPre, RowsDoNotDependOnTheBatch) {
-  for (int D : {4096, 68}) {
-    const int hc = 4, T = 70;
+  // 70 tokens: x_in one block a token, alone several; 2100: a partials block walks 8 token groups.
+  for (const auto& [D, T] : std::vector<std::pair<int, int>>{{4096, 70}, {68, 70}, {128, 2100}}) {
+    const int hc = 4;
     const std::vector<uint16_t> X = random_streams(T, hc, D);
     const HcWeights w = random_weights((2 + hc) * hc, hc * D, 3);
     const HcPreResult all = gpu_hc_pre(X, T, hc, D, w, 20);
-    for (int64_t first : {0, 5, 33, 69})
+    for (int64_t first : {0, 5, 33, 69, 1234, 2097})
       for (int64_t n : {1, 3, 7}) {
         if (first + n > T) continue;
         const std::vector<uint16_t> part(X.begin() + first * hc * D, X.begin() + (first + n) * hc * D);
@@ -213,6 +215,7 @@ TEST(HyperConnectionPre, MatchesCpu) {
   // Prefill-sized chunks (many token groups per slice).
   check_hc_pre(517, 4, 128, 20);
   check_hc_pre(1029, 4, 4096, 20);
+  check_hc_pre(2100, 4, 128, 20);  // partials blocks walking 8 token groups each
 }
 
 void check_hc_head(int64_t T, int hc, int D) {

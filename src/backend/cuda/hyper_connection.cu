@@ -76,8 +76,8 @@ __device__ __forceinline__ void token_comb(const float* m, const float* base, co
 //     them through L1). Its NMix dot products and the sum of squares go through one transposing
 //     shuffle reduction to partials[t][s][·].
 //  2. hc_mix_finish_kernel: blocks_per_token blocks per token add the slices' partials (a fixed
-//     order), scale by rs, do the per-token scalar work and write their share of x_in; block 0 also
-//     the post mixes and the Sinkhorn.
+//     order), scale by rs, do the per-token scalar work and write their share of x_in; for hc_pre one
+//     more block per token does the same sums, the post mixes and the Sinkhorn.
 // A token's arithmetic depends only on its own channels and the fixed slices, never on T or on the
 // token's place in a tile: a row's result is the same alone and in any batch.
 constexpr int kSliceChunks = 64;  // 256 channels: 2 float4 chunks per lane
@@ -111,7 +111,7 @@ __device__ __forceinline__ float warp_transpose_sum(float (&v)[32], int lane) {
 template <int NMix>
 __global__ void __launch_bounds__(kThreads)
     hc_mix_partials_kernel(const uint16_t* __restrict__ X, int64_t T, int width, const float* __restrict__ fn,
-                           int slices, float* __restrict__ partials) {
+                           int slices, int groups_per_block, float* __restrict__ partials) {
   static_assert(NMix + 1 <= 32, "one lane per partial sum");
   const int s = blockIdx.x;
   const int chunks = width / 4, first = s * kSliceChunks;
@@ -125,46 +125,47 @@ __global__ void __launch_bounds__(kThreads)
   pdl_wait();
   pdl_launch_dependents();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int64_t t0 = (int64_t(blockIdx.y) * kWarps + warp) * kTileTokens;
-  if (t0 >= T) return;
-  const int tokens = T - t0 < kTileTokens ? int(T - t0) : kTileTokens;
-
-  float acc[kTileTokens][NMix], ss[kTileTokens];
-#pragma unroll
-  for (int k = 0; k < kTileTokens; ++k) {
-    ss[k] = 0;
-#pragma unroll
-    for (int j = 0; j < NMix; ++j) acc[k][j] = 0;
-  }
-#pragma unroll
-  for (int c = 0; c < kSliceChunks / 32; ++c) {
-    const int q = first + c * 32 + lane;
-    if (q >= chunks) continue;  // (no break: the loops stay unrolled and acc in registers)
-    float v[kTileTokens][4];
+  for (int group = 0; group < groups_per_block; ++group) {
+    const int64_t t0 = ((int64_t(blockIdx.y) * groups_per_block + group) * kWarps + warp) * kTileTokens;
+    if (t0 >= T) return;
+    const int tokens = T - t0 < kTileTokens ? int(T - t0) : kTileTokens;
+    float acc[kTileTokens][NMix], ss[kTileTokens];
 #pragma unroll
     for (int k = 0; k < kTileTokens; ++k) {
-      const uint2 raw = k < tokens ? reinterpret_cast<const uint2*>(X + (t0 + k) * width)[q] : make_uint2(0, 0);
-      v[k][0] = __uint_as_float(raw.x << 16), v[k][1] = __uint_as_float(raw.x & 0xffff0000u);
-      v[k][2] = __uint_as_float(raw.y << 16), v[k][3] = __uint_as_float(raw.y & 0xffff0000u);
+      ss[k] = 0;
 #pragma unroll
-      for (int e = 0; e < 4; ++e) ss[k] = fmaf(v[k][e], v[k][e], ss[k]);
+      for (int j = 0; j < NMix; ++j) acc[k][j] = 0;
     }
 #pragma unroll
-    for (int j = 0; j < NMix; ++j) {
-      const float4 f = reinterpret_cast<const float4*>(fn + int64_t(j) * width)[q];
+    for (int c = 0; c < kSliceChunks / 32; ++c) {
+      const int q = first + c * 32 + lane;
+      if (q >= chunks) continue;  // (no break: the loops stay unrolled and acc in registers)
+      float v[kTileTokens][4];
 #pragma unroll
-      for (int k = 0; k < kTileTokens; ++k)
-        acc[k][j] = fmaf(v[k][0], f.x, fmaf(v[k][1], f.y, fmaf(v[k][2], f.z, fmaf(v[k][3], f.w, acc[k][j]))));
+      for (int k = 0; k < kTileTokens; ++k) {
+        const uint2 raw = k < tokens ? reinterpret_cast<const uint2*>(X + (t0 + k) * width)[q] : make_uint2(0, 0);
+        v[k][0] = __uint_as_float(raw.x << 16), v[k][1] = __uint_as_float(raw.x & 0xffff0000u);
+        v[k][2] = __uint_as_float(raw.y << 16), v[k][3] = __uint_as_float(raw.y & 0xffff0000u);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ss[k] = fmaf(v[k][e], v[k][e], ss[k]);
+      }
+#pragma unroll
+      for (int j = 0; j < NMix; ++j) {
+        const float4 f = reinterpret_cast<const float4*>(fn + int64_t(j) * width)[q];
+#pragma unroll
+        for (int k = 0; k < kTileTokens; ++k)
+          acc[k][j] = fmaf(v[k][0], f.x, fmaf(v[k][1], f.y, fmaf(v[k][2], f.z, fmaf(v[k][3], f.w, acc[k][j]))));
+      }
     }
-  }
 #pragma unroll
-  for (int k = 0; k < kTileTokens; ++k) {
-    if (k >= tokens) continue;
-    float v[32];
+    for (int k = 0; k < kTileTokens; ++k) {
+      if (k >= tokens) continue;
+      float v[32];
 #pragma unroll
-    for (int j = 0; j < 32; ++j) v[j] = j < NMix ? acc[k][j] : j == NMix ? ss[k] : 0.0f;
-    const float sum = warp_transpose_sum(v, lane);
-    if (lane <= NMix) partials[((t0 + k) * slices + s) * (NMix + 1) + lane] = sum;
+      for (int j = 0; j < 32; ++j) v[j] = j < NMix ? acc[k][j] : j == NMix ? ss[k] : 0.0f;
+      const float sum = warp_transpose_sum(v, lane);
+      if (lane <= NMix) partials[((t0 + k) * slices + s) * (NMix + 1) + lane] = sum;
+    }
   }
 }
 
@@ -181,8 +182,12 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float pre[HC];
   pdl_wait();
   pdl_launch_dependents();
-  const int64_t t = blockIdx.x / blocks_per_token;
-  const int part = blockIdx.x % blocks_per_token;
+  // hc_pre has one more block per token, part == blocks_per_token: the post mixes and the Sinkhorn,
+  // side by side with the x_in blocks rather than after them.
+  const int grid_parts = blocks_per_token + (kFull ? 1 : 0);
+  const int64_t t = blockIdx.x / grid_parts;
+  const int part = blockIdx.x % grid_parts;
+  const bool comb_block = kFull && part == blocks_per_token;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int width = HC * D;
   // Warp w adds the slices' partials of sums j ≡ w (mod kWarps): lane l those of slices l, l + 32, …
@@ -201,7 +206,14 @@ __global__ void __launch_bounds__(kThreads)
     mix[threadIdx.x] = __fmul_rn(sums[threadIdx.x], rs);
   }
   __syncthreads();
-  if (warp == 0) token_pre_post<HC, NMix>(mix, base, scale, hc_eps, lane, pre, kFull && part == 0 ? post + t * HC : nullptr);
+  if (comb_block) {
+    if (warp == 0) {
+      token_pre_post<HC, NMix>(mix, base, scale, hc_eps, lane, pre, post + t * HC);
+      token_comb<HC>(mix, base, scale, iters, hc_eps, lane, comb + t * HC * HC);
+    }
+    return;
+  }
+  if (warp == 0) token_pre_post<HC, NMix>(mix, base, scale, hc_eps, lane, pre, nullptr);
   __syncthreads();
 
   // x_in = bf(Σ_j pre[j]·X[j]), accumulated from 0 in stream order as the CPU; 4 channels a thread.
@@ -220,10 +232,6 @@ __global__ void __launch_bounds__(kThreads)
                                     uint32_t(bf16_bits(a[2])) | uint32_t(bf16_bits(a[3])) << 16);
     *reinterpret_cast<uint2*>(out + t * D + d) = packed;
   }
-  // The Sinkhorn last, when nothing else is left to do: the x_in loop's state is then no longer live
-  // across the division calls (which otherwise made ptxas spill on sm_120).
-  if constexpr (kFull)
-    if (part == 0 && warp == 0) token_comb<HC>(mix, base, scale, iters, hc_eps, lane, comb + t * HC * HC);
 }
 
 // A thread per (token, channel d): blocks_per_token blocks of kThreads channels per token, so one
@@ -258,6 +266,11 @@ __global__ void __launch_bounds__(kThreads) hc_post_kernel(const uint16_t* __res
   }
 }
 
+// Token groups (kWarps × kTileTokens tokens) a partials block walks, one after another: a prefill
+// chunk's blocks then live long enough for their slice of fn to pay its way into L1 (one resident
+// block per SM at ~200 registers); a decode step's few tokens keep a group a block.
+int hc_groups_per_block(int64_t T) { return T >= 2048 ? 8 : 1; }
+
 int hc_slices(int hc, int D) { return (hc * D / 4 + kSliceChunks - 1) / kSliceChunks; }
 // Finishing blocks per token: a decode step's few tokens spread x_in over several SMs; a prefill
 // chunk's many tokens fill the GPU with one each (every block re-adds the token's partial sums).
@@ -280,7 +293,7 @@ void check_mix_operands(const char* op, int64_t T, int hc, int D, const uint16_t
   if (hc != 4) fail("{}: hc {} (the mix kernels are built for hc = 4)", op, hc);
   if (D % 4 || reinterpret_cast<uintptr_t>(X) % 8 || reinterpret_cast<uintptr_t>(fn) % 16)
     fail("{}: D {} must be a multiple of 4, X 8-byte and fn 16-byte aligned", op, D);
-  if ((T + kWarps * kTileTokens - 1) / (kWarps * kTileTokens) > 65535 || T * hc_blocks_per_token(T, D) > 0x7fffffff)
+  if ((T + kWarps * kTileTokens - 1) / (kWarps * kTileTokens) / hc_groups_per_block(T) > 65535 || T * (hc_blocks_per_token(T, D) + 1) > 0x7fffffff)
     fail("{}: {} tokens exceed the grid", op, T);
   if (T && !partials) fail("{}: no scratch for the partial sums", op);
 }
@@ -290,10 +303,12 @@ void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const f
                    int iters, float norm_eps, float hc_eps, float* partials, uint16_t* out, float* post, float* comb,
                    cudaStream_t stream) {
   const int slices = hc_slices(HC, D), blocks_per_token = hc_blocks_per_token(T, D);
-  const unsigned token_groups = unsigned((T + kWarps * kTileTokens - 1) / (kWarps * kTileTokens));
-  launch_programmatic(hc_mix_partials_kernel<NMix>, dim3(unsigned(slices), token_groups), dim3(kThreads), 0, stream,
-                      X, T, HC * D, fn, slices, partials);
-  launch_programmatic(hc_mix_finish_kernel<HC, NMix>, dim3(unsigned(T * blocks_per_token)), dim3(kThreads), 0,
+  const int groups_per_block = hc_groups_per_block(T);
+  const int64_t per_block = int64_t(kWarps) * kTileTokens * groups_per_block;
+  launch_programmatic(hc_mix_partials_kernel<NMix>, dim3(unsigned(slices), unsigned((T + per_block - 1) / per_block)),
+                      dim3(kThreads), 0, stream, X, T, HC * D, fn, slices, groups_per_block, partials);
+  const int grid_parts = blocks_per_token + (NMix > HC ? 1 : 0);
+  launch_programmatic(hc_mix_finish_kernel<HC, NMix>, dim3(unsigned(T * grid_parts)), dim3(kThreads), 0,
                       stream, X, D, static_cast<const float*>(partials), slices, base, scale, iters, norm_eps, hc_eps,
                       blocks_per_token, out, post, comb);
 }
