@@ -75,9 +75,9 @@ __device__ __forceinline__ void token_comb(const float* m, const float* base, co
 //     l and l + 32 of the slice. A lane's fn loads serve its tile's tokens (and the block's warps share
 //     them through L1). Its NMix dot products and the sum of squares go through one transposing
 //     shuffle reduction to partials[t][s][·].
-//  2. hc_mix_finish_kernel: blocks_per_token blocks per token add the slices' partials (a fixed
-//     order), scale by rs, do the per-token scalar work and write their share of x_in; for hc_pre one
-//     more block per token does the same sums, the post mixes and the Sinkhorn.
+//  2. hc_mix_finish_kernel: blocks_per_token blocks per token add the slices' partials of pre and of
+//     the sum of squares (a fixed order), scale by rs and write their share of x_in; for hc_pre, after
+//     them, a warp per token adds all the sums the same way and does the post mixes and the Sinkhorn.
 // A token's arithmetic depends only on its own channels and the fixed slices, never on T or on the
 // token's place in a tile: a row's result is the same alone and in any batch.
 constexpr int kSliceChunks = 64;  // 256 channels: 2 float4 chunks per lane
@@ -129,6 +129,18 @@ __global__ void __launch_bounds__(kThreads)
     const int64_t t0 = ((int64_t(blockIdx.y) * groups_per_block + group) * kWarps + warp) * kTileTokens;
     if (t0 >= T) return;
     const int tokens = T - t0 < kTileTokens ? int(T - t0) : kTileTokens;
+    // The next group's streams on their way to L1 while this one computes (a warp would otherwise
+    // wait out a memory round trip per group: one resident block per SM hides little).
+    if (group + 1 < groups_per_block) {
+      const int64_t next = t0 + int64_t(kWarps) * kTileTokens;
+#pragma unroll
+      for (int k = 0; k < kTileTokens; ++k)
+#pragma unroll
+        for (int c = 0; c < kSliceChunks / 32; ++c) {
+          const int q = first + c * 32 + lane;
+          if (next + k < T && q < chunks) prefetch_l1(reinterpret_cast<const uint2*>(X + (next + k) * width) + q);
+        }
+    }
     float acc[kTileTokens][NMix], ss[kTileTokens];
 #pragma unroll
     for (int k = 0; k < kTileTokens; ++k) {
@@ -169,51 +181,72 @@ __global__ void __launch_bounds__(kThreads)
   }
 }
 
-// NMix = (2+HC)·HC for hc_pre (pre, post, comb), HC for hc_head (pre only).
+// Sum j of a token over its slices, by a whole warp: lane l adds slices l, l + 32, … in order, then
+// the lanes in a fixed tree (no serial chain of dependent loads). Every block that needs sum j gets
+// the same bits (the comb warps' transposing sum pairs the lanes the same way).
+template <int NV>
+__device__ __forceinline__ float slice_sum(const float* token_partials, int slices, int j, int lane) {
+  float s = 0;
+  for (int k = lane; k < slices; k += 32) s += token_partials[k * NV + j];
+  return warp_sum(s);
+}
+
+// rs as hc_mixes: the CPU divides its double sum by the width in double, rounds to f32.
+__device__ __forceinline__ float mix_rs(float sum_sq, int width, float norm_eps) {
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(float(double(sum_sq) / double(width)), norm_eps)));
+}
+
+// NMix = (2+HC)·HC for hc_pre (pre, post, comb), HC for hc_head (pre only). Blocks [0, T·blocks_per_token):
+// x_in, blocks_per_token per token, from the pre sums and the sum of squares only. For hc_pre the
+// blocks after them: a warp per token for post and the Sinkhorn (the step's one serial stretch, side
+// by side with the x_in blocks).
 template <int HC, int NMix>
 __global__ void __launch_bounds__(kThreads)
-    hc_mix_finish_kernel(const uint16_t* __restrict__ X, int D, const float* __restrict__ partials, int slices,
-                         const float* __restrict__ base, const float* __restrict__ scale, int iters, float norm_eps,
-                         float hc_eps, int blocks_per_token, uint16_t* __restrict__ out, float* __restrict__ post,
-                         float* __restrict__ comb) {
-  constexpr bool kFull = NMix > HC;
-  __shared__ float sums[NMix + 1];
-  __shared__ float mix[NMix];  // m_j = (v · fn_j) · rs
-  __shared__ float pre[HC];
+    hc_mix_finish_kernel(const uint16_t* __restrict__ X, int64_t T, int D, const float* __restrict__ partials,
+                         int slices, const float* __restrict__ base, const float* __restrict__ scale, int iters,
+                         float norm_eps, float hc_eps, int blocks_per_token, uint16_t* __restrict__ out,
+                         float* __restrict__ post, float* __restrict__ comb) {
+  constexpr int NV = NMix + 1;
+  __shared__ float sums[HC + 1];
+  __shared__ float mix[kWarps][NMix];  // m_j = (v · fn_j) · rs
+  __shared__ float pre[kWarps][HC];
   pdl_wait();
   pdl_launch_dependents();
-  // hc_pre has one more block per token, part == blocks_per_token: the post mixes and the Sinkhorn,
-  // side by side with the x_in blocks rather than after them.
-  const int grid_parts = blocks_per_token + (kFull ? 1 : 0);
-  const int64_t t = blockIdx.x / grid_parts;
-  const int part = blockIdx.x % grid_parts;
-  const bool comb_block = kFull && part == blocks_per_token;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int width = HC * D;
-  // Warp w adds the slices' partials of sums j ≡ w (mod kWarps): lane l those of slices l, l + 32, …
-  // in order, then the lanes in a fixed tree (the slices are at most a few dozen: no serial chain).
-  for (int j = warp; j <= NMix; j += kWarps) {
-    const float* p = partials + t * slices * (NMix + 1) + j;
-    float s = 0;
-    for (int k = lane; k < slices; k += 32) s += p[k * (NMix + 1)];
-    s = warp_sum(s);
-    if (lane == 0) sums[j] = s;
-  }
-  __syncthreads();
-  if (threadIdx.x < NMix) {
-    // rs and m as hc_mixes: the CPU divides its double sum by the width in double, rounds to f32.
-    const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(float(double(sums[NMix]) / double(width)), norm_eps)));
-    mix[threadIdx.x] = __fmul_rn(sums[threadIdx.x], rs);
-  }
-  __syncthreads();
-  if (comb_block) {
-    if (warp == 0) {
-      token_pre_post<HC, NMix>(mix, base, scale, hc_eps, lane, pre, post + t * HC);
-      token_comb<HC>(mix, base, scale, iters, hc_eps, lane, comb + t * HC * HC);
+  const int64_t x_blocks = T * blocks_per_token;
+  if (blockIdx.x >= x_blocks) {
+    if constexpr (NMix > HC) {
+      const int64_t t = (blockIdx.x - x_blocks) * kWarps + warp;
+      if (t >= T) return;
+      // All NV sums at once: each lane's in slice_sum's order, then the lanes in the same tree (the
+      // transposing sum pairs lanes l ^ 16, l ^ 8, … as warp_sum does), ending with sum j in lane j.
+      const float* tp = partials + t * slices * NV;
+      float v[32];
+#pragma unroll
+      for (int j = 0; j < 32; ++j) v[j] = 0;
+      for (int k = lane; k < slices; k += 32)
+#pragma unroll
+        for (int j = 0; j < NV; ++j) v[j] += tp[k * NV + j];
+      const float sum = warp_transpose_sum(v, lane);
+      const float rs = mix_rs(__shfl_sync(0xffffffffu, sum, NMix), width, norm_eps);
+      if (lane < NMix) mix[warp][lane] = __fmul_rn(sum, rs);
+      __syncwarp();
+      token_pre_post<HC, NMix>(mix[warp], base, scale, hc_eps, lane, pre[warp], post + t * HC);
+      token_comb<HC>(mix[warp], base, scale, iters, hc_eps, lane, comb + t * HC * HC);
     }
     return;
   }
-  if (warp == 0) token_pre_post<HC, NMix>(mix, base, scale, hc_eps, lane, pre, nullptr);
+  const int64_t t = blockIdx.x / blocks_per_token;
+  const int part = blockIdx.x % blocks_per_token;
+  if (warp <= HC) {  // warps 0 … HC−1: the pre sums; warp HC: the sum of squares
+    const float sum = slice_sum<NV>(partials + t * slices * NV, slices, warp < HC ? warp : NMix, lane);
+    if (lane == 0) sums[warp] = sum;
+  }
+  __syncthreads();
+  if (threadIdx.x < HC) mix[0][threadIdx.x] = __fmul_rn(sums[threadIdx.x], mix_rs(sums[HC], width, norm_eps));
+  __syncwarp();
+  if (warp == 0) token_pre_post<HC, HC>(mix[0], base, scale, hc_eps, lane, pre[0], nullptr);
   __syncthreads();
 
   // x_in = bf(Σ_j pre[j]·X[j]), accumulated from 0 in stream order as the CPU; 4 channels a thread.
@@ -226,7 +259,7 @@ __global__ void __launch_bounds__(kThreads)
       const float x[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
                           __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)};
 #pragma unroll
-      for (int e = 0; e < 4; ++e) a[e] = __fadd_rn(a[e], __fmul_rn(pre[j], x[e]));
+      for (int e = 0; e < 4; ++e) a[e] = __fadd_rn(a[e], __fmul_rn(pre[0][j], x[e]));
     }
     const uint2 packed = make_uint2(uint32_t(bf16_bits(a[0])) | uint32_t(bf16_bits(a[1])) << 16,
                                     uint32_t(bf16_bits(a[2])) | uint32_t(bf16_bits(a[3])) << 16);
@@ -293,7 +326,7 @@ void check_mix_operands(const char* op, int64_t T, int hc, int D, const uint16_t
   if (hc != 4) fail("{}: hc {} (the mix kernels are built for hc = 4)", op, hc);
   if (D % 4 || reinterpret_cast<uintptr_t>(X) % 8 || reinterpret_cast<uintptr_t>(fn) % 16)
     fail("{}: D {} must be a multiple of 4, X 8-byte and fn 16-byte aligned", op, D);
-  if ((T + kWarps * kTileTokens - 1) / (kWarps * kTileTokens) / hc_groups_per_block(T) > 65535 || T * (hc_blocks_per_token(T, D) + 1) > 0x7fffffff)
+  if ((T + kWarps * kTileTokens - 1) / (kWarps * kTileTokens) / hc_groups_per_block(T) > 65535 || T * hc_blocks_per_token(T, D) + T > 0x7fffffff)
     fail("{}: {} tokens exceed the grid", op, T);
   if (T && !partials) fail("{}: no scratch for the partial sums", op);
 }
@@ -307,9 +340,9 @@ void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const f
   const int64_t per_block = int64_t(kWarps) * kTileTokens * groups_per_block;
   launch_programmatic(hc_mix_partials_kernel<NMix>, dim3(unsigned(slices), unsigned((T + per_block - 1) / per_block)),
                       dim3(kThreads), 0, stream, X, T, HC * D, fn, slices, groups_per_block, partials);
-  const int grid_parts = blocks_per_token + (NMix > HC ? 1 : 0);
-  launch_programmatic(hc_mix_finish_kernel<HC, NMix>, dim3(unsigned(T * grid_parts)), dim3(kThreads), 0,
-                      stream, X, D, static_cast<const float*>(partials), slices, base, scale, iters, norm_eps, hc_eps,
+  const int64_t blocks = T * blocks_per_token + (NMix > HC ? (T + kWarps - 1) / kWarps : 0);
+  launch_programmatic(hc_mix_finish_kernel<HC, NMix>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, X, T, D,
+                      static_cast<const float*>(partials), slices, base, scale, iters, norm_eps, hc_eps,
                       blocks_per_token, out, post, comb);
 }
 
