@@ -20,8 +20,6 @@ namespace {
 constexpr int kThreads = 256;
 constexpr int kWarps = kThreads / 32;
 
-
-
 // The CPU's sigmoid: 1 / (1 + exp(−z)); expf is within 2 ulp of std::exp.
 __device__ __forceinline__ float sigmoid(float z) { return __fdiv_rn(1.0f, __fadd_rn(1.0f, expf(-z))); }
 
@@ -34,13 +32,13 @@ __device__ __forceinline__ float ordered_lane_sum(float c, int first, int stride
   return s;
 }
 
-// pre (and for hc_pre post) of one token from its mixes m, lane j < HC computing stream j (SPEC §3.2).
-template <int HC, int NMix>
+// pre (and, given post_t, post) of one token from its mixes m, lane j < HC computing stream j (SPEC §3.2).
+template <int HC>
 __device__ __forceinline__ void token_pre_post(const float* m, const float* base, const float* scale, float hc_eps,
                                                int lane, float* pre, float* post_t) {
   if (lane >= HC) return;
   pre[lane] = __fadd_rn(sigmoid(__fadd_rn(__fmul_rn(m[lane], scale[0]), base[lane])), hc_eps);
-  if (NMix > HC && post_t)
+  if (post_t)
     post_t[lane] = __fmul_rn(2.0f, sigmoid(__fadd_rn(__fmul_rn(m[HC + lane], scale[1]), base[HC + lane])));
 }
 
@@ -232,7 +230,7 @@ __global__ void __launch_bounds__(kThreads)
       const float rs = mix_rs(__shfl_sync(0xffffffffu, sum, NMix), width, norm_eps);
       if (lane < NMix) mix[warp][lane] = __fmul_rn(sum, rs);
       __syncwarp();
-      token_pre_post<HC, NMix>(mix[warp], base, scale, hc_eps, lane, pre[warp], post + t * HC);
+      token_pre_post<HC>(mix[warp], base, scale, hc_eps, lane, pre[warp], post + t * HC);
       token_comb<HC>(mix[warp], base, scale, iters, hc_eps, lane, comb + t * HC * HC);
     }
     return;
@@ -246,7 +244,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncthreads();
   if (threadIdx.x < HC) mix[0][threadIdx.x] = __fmul_rn(sums[threadIdx.x], mix_rs(sums[HC], width, norm_eps));
   __syncwarp();
-  if (warp == 0) token_pre_post<HC, HC>(mix[0], base, scale, hc_eps, lane, pre[0], nullptr);
+  if (warp == 0) token_pre_post<HC>(mix[0], base, scale, hc_eps, lane, pre[0], nullptr);
   __syncthreads();
 
   // x_in = bf(Σ_j pre[j]·X[j]), accumulated from 0 in stream order as the CPU; 4 channels a thread.
