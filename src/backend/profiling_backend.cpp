@@ -138,6 +138,12 @@ void ProfilingBackend::rope(Tensor& x, int head_dim, int rope_dim, const Tensor&
   const double moved = 2 * bytes(x) * rope_dim / std::max(head_dim, 1) + bytes(positions);
   timed(inverse ? "rope (inverse)" : "rope", act(moved), [&] { inner_->rope(x, head_dim, rope_dim, positions, table, inverse); });
 }
+void ProfilingBackend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight, float eps, int rope_dim,
+                                 const Tensor& positions, const RopeTable& table, bool fp8_nope) {
+  const double moved = 2 * bytes(x) + bytes(positions);
+  timed(weight ? "norm_rope" : "head_norm_rope", weights_and(weight ? 2.0 * head_dim : 0, moved),
+        [&] { inner_->norm_rope(x, head_dim, weight, eps, rope_dim, positions, table, fp8_nope); });
+}
 void ProfilingBackend::fp8_simulate(Tensor& x, int row_width, int channels) {
   timed("fp8_simulate", act(2 * bytes(x)), [&] { inner_->fp8_simulate(x, row_width, channels); });
 }

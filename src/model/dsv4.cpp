@@ -576,10 +576,9 @@ void Dsv4Model::compress(const CompressorWeights& w, const Tensor& x, const Step
   Tensor entry_pos = backend_.step_indices(at);  // entry j starts at position ratio·j
   at.kind = StepIndexKind::CompressedEntries;
   Tensor ids = backend_.step_indices(at);
-  Tensor u = backend_.rms_norm(backend_.to_bf16(pooled), w.norm, float(c.norm_eps));
-  backend_.rope(u, d, c.rope_dim, entry_pos, rope, false);
+  Tensor u = backend_.to_bf16(pooled);
+  backend_.norm_rope(u, d, w.norm, float(c.norm_eps), c.rope_dim, entry_pos, rope, !w.rotate);
   if (w.rotate) backend_.hadamard_fp4_simulate(u, d);
-  else backend_.fp8_simulate(u, d, d - c.rope_dim);
   backend_.write_entries(u, ids, index_keys ? lp.caches->keys.pool() : lp.caches->kv.pool());
 }
 
@@ -595,12 +594,10 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
 
   Tensor qr = backend_.rms_norm(backend_.linear(x, w.wq_a), w.q_norm, eps);
   Tensor q = view(backend_.linear(qr, w.wq_b), {T, H, hd});
-  backend_.head_rms_norm(q, hd, eps);
-  backend_.rope(q, hd, c.rope_dim, positions, rope, false);
+  backend_.norm_rope(q, hd, nullptr, eps, c.rope_dim, positions, rope, false);
   emit("q", l, q);
-  Tensor kv = backend_.rms_norm(backend_.linear(x, w.wkv), w.kv_norm, eps);
-  backend_.rope(kv, hd, c.rope_dim, positions, rope, false);
-  backend_.fp8_simulate(kv, hd, hd - c.rope_dim);
+  Tensor kv = backend_.linear(x, w.wkv);
+  backend_.norm_rope(kv, hd, w.kv_norm, eps, c.rope_dim, positions, rope, true);
   emit("kv", l, kv);
 
   // This step's new entries go to scratch pages first: a query sees the new entries of its own

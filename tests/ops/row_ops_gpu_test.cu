@@ -260,6 +260,61 @@ TEST(RowOpsRope, MatchesCpu) {
     }
 }
 
+// ---- norm_rope (bit-exact to the separate ops in sequence) --------------------------------------
+
+// The fused op against rms_norm (weighted) or head_rms_norm, rope and fp8_simulate run one after
+// another on the GPU, each of which the tests above hold to its CPU twin: the same bits.
+void check_norm_rope(int64_t rows, int heads, int head_dim, bool weighted, bool fp8_nope) {
+  const int rope_dim = 64;
+  const int64_t n = rows * heads * head_dim;
+  const std::vector<uint16_t> x = random_groups(n, head_dim, -30, 20);
+  std::normal_distribution<float> wd(1.f, 0.5f);
+  std::vector<uint16_t> w(static_cast<size_t>(head_dim));
+  for (auto& v : w) v = dsv4::f32_to_bf16(wd(rng()));
+  std::uniform_int_distribution<int32_t> pos(0, 1000000);
+  std::vector<int32_t> positions(static_cast<size_t>(rows));
+  for (auto& p : positions) p = pos(rng());
+  const std::vector<float> freq = rope_frequencies(true);
+  const float eps = 1e-6f;
+
+  Stream stream;
+  DeviceBuffer<uint16_t> d_x(x.size()), d_seq(x.size()), d_w(w.size());
+  DeviceBuffer<int32_t> d_pos(positions.size());
+  DeviceBuffer<float> d_freq(freq.size());
+  d_x.upload(x, stream.get());
+  d_w.upload(w, stream.get());
+  d_pos.upload(positions, stream.get());
+  d_freq.upload(freq, stream.get());
+  const uint16_t* weight = weighted ? d_w.get() : nullptr;
+  if (weighted) {
+    d_seq.fill_bytes(0xff, stream.get());
+    rms_norm(d_x.get(), weight, rows * heads, head_dim, eps, d_seq.get(), stream.get());
+  } else {
+    d_seq.upload(x, stream.get());
+    head_rms_norm(d_seq.get(), rows * heads, head_dim, eps, stream.get());
+  }
+  rope(d_seq.get(), rows, heads, head_dim, rope_dim, d_pos.get(), d_freq.get(), false, stream.get());
+  if (fp8_nope) fp8_simulate(d_seq.get(), rows * heads, head_dim, head_dim - rope_dim, stream.get());
+  ASSERT_TRUE(norm_rope_fits(head_dim, rope_dim, d_x.get(), weight, fp8_nope));
+  norm_rope(d_x.get(), rows, heads, head_dim, weight, eps, rope_dim, d_pos.get(), d_freq.get(), fp8_nope,
+            stream.get());
+  DSV4_CUDA_CHECK_LAUNCH();
+  char what[128];
+  std::snprintf(what, sizeof what, "norm_rope %lld × %d × %d %s%s", (long long)rows, heads, head_dim,
+                weighted ? "weighted" : "per head", fp8_nope ? ", fp8 nope" : "");
+  expect_bit_exact(what, d_x.download(stream.get()), d_seq.download(stream.get()));
+}
+
+TEST(RowOpsNormRope, SameBitsAsTheOpsInSequence) {
+  for (int64_t rows : {1, 3, 37, 300}) {
+    check_norm_rope(rows, 64, 512, false, false);  // Flash q
+    check_norm_rope(rows, 4, 512, false, false);   // fixture q
+    check_norm_rope(rows, 1, 512, true, true);     // KV row, compressed entries
+    check_norm_rope(rows, 1, 128, true, false);    // indexer keys (the Hadamard follows)
+    check_norm_rope(rows, 1, 128, true, true);     // a 128-wide KV row
+  }
+}
+
 // ---- fp8_simulate and hadamard_fp4_simulate (bit-exact) ------------------------------------------
 
 void check_fp8_simulate(int64_t rows, int row_width, int channels) {
@@ -441,6 +496,8 @@ TEST(RowOpsSanitizer, Small) {
   check_head_rms_norm(2, 4, 128);
   check_rope(3, 4, 128, false, false);
   check_rope(2, 1, 512, true, true);
+  check_norm_rope(3, 4, 128, false, false);
+  check_norm_rope(2, 1, 512, true, true);
   check_fp8_simulate(3, 512, 448);
   check_hadamard_fp4(3);
   check_add_scale(1000);

@@ -265,6 +265,19 @@ void CudaBackend::rope(Tensor& x, int head_dim, int rope_dim, const Tensor& posi
              table.device, inverse, stream());
 }
 
+void CudaBackend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight, float eps, int rope_dim,
+                            const Tensor& positions, const RopeTable& table, bool fp8_nope) {
+  const int64_t rows = x.rows();
+  if (!rows) return;
+  if (!cuda::norm_rope_fits(head_dim, rope_dim, x.ptr<uint16_t>(), weight, fp8_nope))
+    return Backend::norm_rope(x, head_dim, weight, eps, rope_dim, positions, table, fp8_nope);
+  DSV4_CHECK(positions.numel() == rows && positions.dtype == DType::I32, "norm_rope: {} positions for {} rows",
+             positions.numel(), rows);
+  DSV4_CHECK(table.device, "norm_rope: the frequency table was not placed on the device");
+  cuda::norm_rope(x.ptr<uint16_t>(), rows, int(x.numel() / rows / head_dim), head_dim, weight, eps, rope_dim,
+                  positions.ptr<int32_t>(), table.device, fp8_nope, stream());
+}
+
 void CudaBackend::fp8_simulate(Tensor& x, int row_width, int channels) {
   cuda::fp8_simulate(x.ptr<uint16_t>(), x.numel() / row_width, row_width, channels, stream());
 }

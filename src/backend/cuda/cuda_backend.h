@@ -89,6 +89,8 @@ class CudaBackend final : public Backend {
   void head_rms_norm(Tensor& x, int head_dim, float eps) override;
   void rope(Tensor& x, int head_dim, int rope_dim, const Tensor& positions, const RopeTable& table,
             bool inverse) override;
+  void norm_rope(Tensor& x, int head_dim, const uint16_t* weight, float eps, int rope_dim, const Tensor& positions,
+                 const RopeTable& table, bool fp8_nope) override;
   void fp8_simulate(Tensor& x, int row_width, int channels) override;
   void hadamard_fp4_simulate(Tensor& x, int width) override;
   Tensor add(const Tensor& a, const Tensor& b) override;
