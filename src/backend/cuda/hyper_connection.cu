@@ -69,23 +69,17 @@ __device__ __forceinline__ void token_comb(const float* m, const float* base, co
 // The mixes in two launches, so that a decode step's one token still spreads the 24 × 16384 f32
 // weights over many SMs and a prefill chunk's thousands of tokens share each weight load:
 //  1. hc_mix_partials_kernel: block (s, g) takes the slice s of kSliceChunks float4 chunks of the hc·D
-//     channels and groups of kTiles × kTileTokens tokens. Warp w takes token tile w / kMixGroups and
-//     the w % kMixGroups-th quarter of the mixes; lane l the chunks l and l + 32 of the slice. A
-//     lane's fn loads serve its tile's tokens, its X loads the four quarters' warps (through L1). Its
-//     dot products and the sums of squares of its 4 tokens (≤ 32 values) go through one transposing
-//     shuffle reduction to partials[t][s][·]. (With a quarter of the mixes a warp needs 80 registers:
-//     3 blocks per SM, which a prefill chunk needs to hide its memory latency.)
+//     channels and kWarps × kTileTokens tokens; each warp takes kTileTokens tokens, lane l the chunks
+//     l and l + 32 of the slice. A lane's fn loads serve its tile's tokens (and the block's warps share
+//     them through L1). Its NMix dot products and the sum of squares go through one transposing
+//     shuffle reduction to partials[t][s][·].
 //  2. hc_mix_finish_kernel: blocks_per_token blocks per token add the slices' partials of pre and of
 //     the sum of squares (a fixed order), scale by rs and write their share of x_in; for hc_pre, after
 //     them, a warp per token adds all the sums the same way and does the post mixes and the Sinkhorn.
 // A token's arithmetic depends only on its own channels and the fixed slices, never on T or on the
-// token's place in a tile or on the warp that sums it (the transposing sum adds every value over the
-// same tree of lanes): a row's result is the same alone and in any batch.
+// token's place in a tile: a row's result is the same alone and in any batch.
 constexpr int kSliceChunks = 64;  // 256 channels: 2 float4 chunks per lane
-constexpr int kTileTokens = 4;    // tokens per warp
-constexpr int kMixGroups = 4;     // warps that share a token tile, each with a quarter of the mixes
-constexpr int kTiles = kWarps / kMixGroups;  // token tiles per block
-constexpr int kGroupTokens = kTiles * kTileTokens;
+constexpr int kTileTokens = 4;    // tokens per warp (4 × 24 accumulators per lane)
 constexpr int kFinishChannels = kThreads * 4;  // x_in channels per finishing block
 
 // One step of warp_transpose_sum: a lane keeps the half of v[0, 2·Keep) its partner (lane ^ Keep)
@@ -113,12 +107,10 @@ __device__ __forceinline__ float warp_transpose_sum(float (&v)[32], int lane) {
 }
 
 template <int NMix>
-__global__ void __launch_bounds__(kThreads, 3)
+__global__ void __launch_bounds__(kThreads)
     hc_mix_partials_kernel(const uint16_t* __restrict__ X, int64_t T, int width, const float* __restrict__ fn,
                            int slices, int groups_per_block, float* __restrict__ partials) {
-  constexpr int kMixes = (NMix + kMixGroups - 1) / kMixGroups;  // per warp
-  constexpr int kValues = kTileTokens * (kMixes + 1);               // its dot products, then the sums of squares
-  static_assert(kValues <= 32, "one lane per partial sum");
+  static_assert(NMix + 1 <= 32, "one lane per partial sum");
   const int s = blockIdx.x;
   const int chunks = width / 4, first = s * kSliceChunks;
   // The weights do not depend on the step before: start their slice on its way to L2 while that step
@@ -131,16 +123,14 @@ __global__ void __launch_bounds__(kThreads, 3)
   pdl_wait();
   pdl_launch_dependents();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int tile = warp / kMixGroups, quarter = warp % kMixGroups, mix0 = quarter * kMixes;
   for (int group = 0; group < groups_per_block; ++group) {
-    const int64_t g0 = (int64_t(blockIdx.y) * groups_per_block + group) * kGroupTokens;
-    const int64_t t0 = g0 + tile * kTileTokens;
+    const int64_t t0 = ((int64_t(blockIdx.y) * groups_per_block + group) * kWarps + warp) * kTileTokens;
     if (t0 >= T) return;
     const int tokens = T - t0 < kTileTokens ? int(T - t0) : kTileTokens;
-    // The next group's streams on their way to L1 while this one computes (one warp of the tile's
-    // quarters asks for them).
-    if (group + 1 < groups_per_block && quarter == 0) {
-      const int64_t next = t0 + kGroupTokens;
+    // The next group's streams on their way to L1 while this one computes (a warp would otherwise
+    // wait out a memory round trip per group: one resident block per SM hides little).
+    if (group + 1 < groups_per_block) {
+      const int64_t next = t0 + int64_t(kWarps) * kTileTokens;
 #pragma unroll
       for (int k = 0; k < kTileTokens; ++k)
 #pragma unroll
@@ -149,12 +139,12 @@ __global__ void __launch_bounds__(kThreads, 3)
           if (next + k < T && q < chunks) prefetch_l1(reinterpret_cast<const uint2*>(X + (next + k) * width) + q);
         }
     }
-    float acc[kTileTokens][kMixes], ss[kTileTokens];
+    float acc[kTileTokens][NMix], ss[kTileTokens];
 #pragma unroll
     for (int k = 0; k < kTileTokens; ++k) {
       ss[k] = 0;
 #pragma unroll
-      for (int j = 0; j < kMixes; ++j) acc[k][j] = 0;
+      for (int j = 0; j < NMix; ++j) acc[k][j] = 0;
     }
 #pragma unroll
     for (int c = 0; c < kSliceChunks / 32; ++c) {
@@ -170,30 +160,22 @@ __global__ void __launch_bounds__(kThreads, 3)
         for (int e = 0; e < 4; ++e) ss[k] = fmaf(v[k][e], v[k][e], ss[k]);
       }
 #pragma unroll
-      for (int j = 0; j < kMixes; ++j) {
-        if (mix0 + j >= NMix) continue;
-        const float4 f = reinterpret_cast<const float4*>(fn + int64_t(mix0 + j) * width)[q];
+      for (int j = 0; j < NMix; ++j) {
+        const float4 f = reinterpret_cast<const float4*>(fn + int64_t(j) * width)[q];
 #pragma unroll
         for (int k = 0; k < kTileTokens; ++k)
           acc[k][j] = fmaf(v[k][0], f.x, fmaf(v[k][1], f.y, fmaf(v[k][2], f.z, fmaf(v[k][3], f.w, acc[k][j]))));
       }
     }
-    // v[k·kMixes + j]: token k's mix mix0 + j; v[kTileTokens·kMixes + k]: token k's sum of squares.
-    float v[32];
-#pragma unroll
-    for (int i = 0; i < 32; ++i) v[i] = 0.0f;
 #pragma unroll
     for (int k = 0; k < kTileTokens; ++k) {
+      if (k >= tokens) continue;
+      float v[32];
 #pragma unroll
-      for (int j = 0; j < kMixes; ++j) v[k * kMixes + j] = acc[k][j];
-      v[kTileTokens * kMixes + k] = ss[k];
+      for (int j = 0; j < 32; ++j) v[j] = j < NMix ? acc[k][j] : j == NMix ? ss[k] : 0.0f;
+      const float sum = warp_transpose_sum(v, lane);
+      if (lane <= NMix) partials[((t0 + k) * slices + s) * (NMix + 1) + lane] = sum;
     }
-    const float sum = warp_transpose_sum(v, lane);
-    const bool is_mix = lane < kTileTokens * kMixes;
-    const int k = is_mix ? lane / kMixes : lane - kTileTokens * kMixes;
-    const int j = is_mix ? mix0 + lane % kMixes : NMix;
-    if (lane < kValues && k < tokens && j <= NMix && (is_mix ? j < NMix : quarter == 0))
-      partials[((t0 + k) * slices + s) * (NMix + 1) + j] = sum;
   }
 }
 
@@ -315,10 +297,10 @@ __global__ void __launch_bounds__(kThreads) hc_post_kernel(const uint16_t* __res
   }
 }
 
-// Token groups (kGroupTokens tokens) a partials block walks, one after another: a prefill chunk's
-// blocks then live long enough for their slice of fn to pay its way into L1; a decode step's few
-// tokens keep a group a block.
-int hc_groups_per_block(int64_t T) { return T >= 2048 ? 16 : 1; }
+// Token groups (kWarps × kTileTokens tokens) a partials block walks, one after another: a prefill
+// chunk's blocks then live long enough for their slice of fn to pay its way into L1 (one resident
+// block per SM at ~200 registers); a decode step's few tokens keep a group a block.
+int hc_groups_per_block(int64_t T) { return T >= 2048 ? 8 : 1; }
 
 int hc_slices(int hc, int D) { return (hc * D / 4 + kSliceChunks - 1) / kSliceChunks; }
 // Finishing blocks per token: a decode step's few tokens spread x_in over several SMs; a prefill
@@ -342,7 +324,7 @@ void check_mix_operands(const char* op, int64_t T, int hc, int D, const uint16_t
   if (hc != 4) fail("{}: hc {} (the mix kernels are built for hc = 4)", op, hc);
   if (D % 4 || reinterpret_cast<uintptr_t>(X) % 8 || reinterpret_cast<uintptr_t>(fn) % 16)
     fail("{}: D {} must be a multiple of 4, X 8-byte and fn 16-byte aligned", op, D);
-  if ((T + kGroupTokens - 1) / kGroupTokens / hc_groups_per_block(T) > 65535 || T * hc_blocks_per_token(T, D) + T > 0x7fffffff)
+  if ((T + kWarps * kTileTokens - 1) / (kWarps * kTileTokens) / hc_groups_per_block(T) > 65535 || T * hc_blocks_per_token(T, D) + T > 0x7fffffff)
     fail("{}: {} tokens exceed the grid", op, T);
   if (T && !partials) fail("{}: no scratch for the partial sums", op);
 }
@@ -353,7 +335,7 @@ void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const f
                    cudaStream_t stream) {
   const int slices = hc_slices(HC, D), blocks_per_token = hc_blocks_per_token(T, D);
   const int groups_per_block = hc_groups_per_block(T);
-  const int64_t per_block = int64_t(kGroupTokens) * groups_per_block;
+  const int64_t per_block = int64_t(kWarps) * kTileTokens * groups_per_block;
   launch_programmatic(hc_mix_partials_kernel<NMix>, dim3(unsigned(slices), unsigned((T + per_block - 1) / per_block)),
                       dim3(kThreads), 0, stream, X, T, HC * D, fn, slices, groups_per_block, partials);
   const int64_t blocks = T * blocks_per_token + (NMix > HC ? (T + kWarps - 1) / kWarps : 0);

@@ -49,7 +49,6 @@ constexpr int kWarps = 8;
 constexpr int kMaxTiles = 4;  // 8-row tiles per block row (8 spill on sm_120)
 constexpr int kBlockRows = 8 * kMaxTiles;
 constexpr int kTargetWarps = 2048;  // ~16 per SM on 132 SMs
-constexpr int kDepth = 2;           // weight blocks in flight per warp
 
 // Two e4m3 codes (the low 16 bits) → an f16x2 register, exactly; the lower code in the low half.
 __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
@@ -106,41 +105,32 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
 
   const int64_t row0 = int64_t(blockIdx.x) * kBlockRows;
   float total[kTiles][4] = {};
-  // The run's weight blocks stream through a ring of kDepth register buffers: kDepth loads in flight
-  // while a block multiplies (a run is ~8 blocks; one in flight left a round trip per block).
-  uint4 lo[kDepth][2], hi[kDepth][2];
+  uint4 next_lo[2], next_hi[2];
+  if (kb_begin < kb_end) load_block(w_lo, lo_ok, kb_begin, next_lo), load_block(w_hi, hi_ok, kb_begin, next_hi);
+  for (int kb = kb_begin; kb < kb_end; ++kb) {
+    uint32_t a[2][4][4];
+    weight_fragments(next_lo, next_hi, a);
+    if (kb + 1 < kb_end) load_block(w_lo, lo_ok, kb + 1, next_lo), load_block(w_hi, hi_ok, kb + 1, next_hi);
+    const float sw = e8m0_to_f32_dev(w_run_scale[kb]);
 #pragma unroll
-  for (int d = 0; d < kDepth; ++d)
-    if (kb_begin + d < kb_end) load_block(w_lo, lo_ok, kb_begin + d, lo[d]), load_block(w_hi, hi_ok, kb_begin + d, hi[d]);
-  for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kDepth) {
+    for (int j = 0; j < kTiles; ++j) {
+      const int64_t r = row0 + 8 * j + g, ra = row0 + 8 * j + 2 * t;
+      uint4 x[2];
+      load_block(act_q + (r < rows ? r : 0) * K + 16 * t, r < rows, kb, x);
+      float part[4] = {};
 #pragma unroll
-    for (int d = 0; d < kDepth; ++d) {
-      const int kb = kb0 + d;
-      if (kb >= kb_end) break;
-      uint32_t a[2][4][4];
-      weight_fragments(lo[d], hi[d], a);
-      if (kb + kDepth < kb_end) load_block(w_lo, lo_ok, kb + kDepth, lo[d]), load_block(w_hi, hi_ok, kb + kDepth, hi[d]);
-      const float sw = e8m0_to_f32_dev(w_run_scale[kb]);
+      for (int c = 0; c < 2; ++c)
 #pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
-        const int64_t r = row0 + 8 * j + g, ra = row0 + 8 * j + 2 * t;
-        uint4 x[2];
-        load_block(act_q + (r < rows ? r : 0) * K + 16 * t, r < rows, kb, x);
-        float part[4] = {};
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-#pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            const uint32_t b = word(x[c], s);
-            mma_f16(part, a[c][s], e4m3x2_to_f16x2(b), e4m3x2_to_f16x2(b >> 16));
-          }
-        const float sa = ra < rows ? act_scale[ra * kbs + kb] * sw : 0.f;
-        const float sb = ra + 1 < rows ? act_scale[(ra + 1) * kbs + kb] * sw : 0.f;
-        total[j][0] += part[0] * sa;
-        total[j][1] += part[1] * sb;
-        total[j][2] += part[2] * sa;
-        total[j][3] += part[3] * sb;
-      }
+        for (int s = 0; s < 4; ++s) {
+          const uint32_t b = word(x[c], s);
+          mma_f16(part, a[c][s], e4m3x2_to_f16x2(b), e4m3x2_to_f16x2(b >> 16));
+        }
+      const float sa = ra < rows ? act_scale[ra * kbs + kb] * sw : 0.f;
+      const float sb = ra + 1 < rows ? act_scale[(ra + 1) * kbs + kb] * sw : 0.f;
+      total[j][0] += part[0] * sa;
+      total[j][1] += part[1] * sb;
+      total[j][2] += part[2] * sa;
+      total[j][3] += part[3] * sb;
     }
   }
 
