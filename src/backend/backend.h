@@ -188,11 +188,14 @@ class Backend {
   virtual Tensor linear_f32(const Tensor& x, const uint16_t* w, int out, int in) = 0;   // f32(x)·f32(W)ᵀ → f32
   virtual Tensor grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) = 0;  // [T,H·d] → [T,groups·rank]
 
-  // Hyper-connections (SPEC §3.2, §3.8).
+  // Hyper-connections (SPEC §3.2, §3.8). With `norm` (bf16 [D]; may be null) hc_pre and hc_head return
+  // rms_norm(x, norm, norm_eps) of their result x — the values of the two ops in sequence (the norm
+  // that follows them in every block and before the head; a backend may fuse it).
   virtual Tensor hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mult, int iters, float norm_eps,
-                        float hc_eps, Tensor* post, Tensor* comb) = 0;
+                        float hc_eps, Tensor* post, Tensor* comb, const uint16_t* norm) = 0;
   virtual Tensor hc_post(const Tensor& y, const Tensor& X, const Tensor& post, const Tensor& comb) = 0;
-  virtual Tensor hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps) = 0;
+  virtual Tensor hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps,
+                         const uint16_t* norm) = 0;
 
   // KV entries (SPEC §4.2): bf16 [n, head_dim] → the pool's FP8 layout, at global entry ids.
   // Pools grow by whole pages; existing entries keep their ids.

@@ -179,17 +179,23 @@ Tensor ProfilingBackend::grouped_out_proj(const Tensor& o, const uint16_t* wo_a,
   return timed("grouped_out_proj", weights_and(2.0 * rank * in, bytes(o), 2 * rows(o) * rank * in), [&] { return inner_->grouped_out_proj(o, wo_a, groups, rank); });
 }
 
+// With a norm: its weight (bf16 [D]) counts among the weights.
 Tensor ProfilingBackend::hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mult, int iters, float norm_eps,
-                                float hc_eps, Tensor* post, Tensor* comb) {
-  const double fn = 4.0 * (2 + hc_mult) * hc_mult * double(X.numel() / std::max<int64_t>(X.rows(), 1));
-  return timed("hc_pre", weights_and(fn, bytes(X), rows(X) * fn / 2), [&] { return inner_->hc_pre(X, hc, hc_mult, iters, norm_eps, hc_eps, post, comb); });
+                                float hc_eps, Tensor* post, Tensor* comb, const uint16_t* norm) {
+  const double width = double(X.numel() / std::max<int64_t>(X.rows(), 1));
+  const double fn = 4.0 * (2 + hc_mult) * hc_mult * width, w = fn + (norm ? 2 * width / hc_mult : 0);
+  return timed(norm ? "hc_pre + rms_norm" : "hc_pre", weights_and(w, bytes(X), rows(X) * fn / 2),
+               [&] { return inner_->hc_pre(X, hc, hc_mult, iters, norm_eps, hc_eps, post, comb, norm); });
 }
 Tensor ProfilingBackend::hc_post(const Tensor& y, const Tensor& X, const Tensor& post, const Tensor& comb) {
   return timed("hc_post", act(bytes(y) + bytes(X) + bytes(post) + bytes(comb)), [&] { return inner_->hc_post(y, X, post, comb); });
 }
-Tensor ProfilingBackend::hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps) {
-  const double fn = 4.0 * hc_mult * double(X.numel() / std::max<int64_t>(X.rows(), 1));
-  return timed("hc_head", weights_and(fn, bytes(X)), [&] { return inner_->hc_head(X, hc, hc_mult, norm_eps, hc_eps); });
+Tensor ProfilingBackend::hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps,
+                                 const uint16_t* norm) {
+  const double width = double(X.numel() / std::max<int64_t>(X.rows(), 1));
+  const double fn = 4.0 * hc_mult * width, w = fn + (norm ? 2 * width / hc_mult : 0);
+  return timed(norm ? "hc_head + rms_norm" : "hc_head", weights_and(w, bytes(X)),
+               [&] { return inner_->hc_head(X, hc, hc_mult, norm_eps, hc_eps, norm); });
 }
 
 void ProfilingBackend::write_entries(const Tensor& values, const Tensor& entries, EntryPool& pool) {

@@ -516,8 +516,7 @@ StepPlan Dsv4Model::plan_block(const BlockWeights& block, LayerCaches& caches, L
 
 Tensor Dsv4Model::head_logits(const Tensor& X, const HyperConnection& hc, const uint16_t* norm) {
   const ModelConfig& c = config();
-  Tensor h = backend_.hc_head(X, hc, c.hc_mult, float(c.norm_eps), float(c.hc_eps));
-  h = backend_.rms_norm(h, norm, float(c.norm_eps));
+  const Tensor h = backend_.hc_head(X, hc, c.hc_mult, float(c.norm_eps), float(c.hc_eps), norm);
   return backend_.logits(h, weights_->head, c.vocab_size);
 }
 
@@ -528,14 +527,12 @@ Tensor Dsv4Model::run_block(const BlockWeights& block, const Tensor& X, const St
   DSV4_CHECK(lp.ratio == block.ratio, "run_block: layer {} planned with ratio {}, block has {}", l, lp.ratio, block.ratio);
   const float eps = float(c.norm_eps), hc_eps = float(c.hc_eps);
   Tensor post, comb;
-  Tensor x = backend_.hc_pre(X, block.hc_attn, c.hc_mult, c.hc_sinkhorn_iters, eps, hc_eps, &post, &comb);
-  x = backend_.rms_norm(x, block.attn_norm, eps);
+  Tensor x = backend_.hc_pre(X, block.hc_attn, c.hc_mult, c.hc_sinkhorn_iters, eps, hc_eps, &post, &comb, block.attn_norm);
   Tensor a = attention(block, x, plan, lp);
   emit("attn_out", l, a);
   Tensor Xa = backend_.hc_post(a, X, post, comb);
   emit("hc_post_attn", l, Xa);
-  x = backend_.hc_pre(Xa, block.hc_ffn, c.hc_mult, c.hc_sinkhorn_iters, eps, hc_eps, &post, &comb);
-  x = backend_.rms_norm(x, block.ffn_norm, eps);
+  x = backend_.hc_pre(Xa, block.hc_ffn, c.hc_mult, c.hc_sinkhorn_iters, eps, hc_eps, &post, &comb, block.ffn_norm);
   Routing r = backend_.route(x, block.moe, plan.tokens, c.n_active_experts, float(c.route_scale));
   Tensor m;
   if (!split()) {

@@ -15,6 +15,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/cuda_utils.h"
 #include "backend/cuda/hyper_connection.h"
+#include "backend/cuda/row_ops.h"
 #include "core/dtypes.h"
 #include "gpu_test_rng.h"
 
@@ -134,10 +135,12 @@ struct HcPreResult {
   std::vector<float> post, comb;
 };
 
-// hc_pre on the GPU; every output and the scratch poisoned first.
-HcPreResult gpu_hc_pre(const std::vector<uint16_t>& X, int64_t T, int hc, int D, const HcWeights& w, int iters) {
+// hc_pre on the GPU (with a norm when given one); every output and the scratch poisoned first.
+HcPreResult gpu_hc_pre(const std::vector<uint16_t>& X, int64_t T, int hc, int D, const HcWeights& w, int iters,
+                       const std::vector<uint16_t>* norm = nullptr) {
   Stream stream;
-  DeviceBuffer<uint16_t> d_X(X.size()), d_out(size_t(T * D));
+  DeviceBuffer<uint16_t> d_X(X.size()), d_out(size_t(T * D)), d_norm(size_t(D));
+  if (norm) d_norm.upload(*norm, stream.get());
   DeviceBuffer<float> d_fn(w.fn.size()), d_base(w.base.size()), d_scale(w.scale.size());
   DeviceBuffer<float> d_post(size_t(T * hc)), d_comb(size_t(T * hc * hc));
   DeviceBuffer<float> d_partials(size_t(hc_mix_scratch_floats(T, hc, D, false)));
@@ -150,7 +153,7 @@ HcPreResult gpu_hc_pre(const std::vector<uint16_t>& X, int64_t T, int hc, int D,
   d_comb.fill_bytes(0xff, stream.get());
   d_partials.fill_bytes(0xff, stream.get());
   hc_pre(d_X.get(), T, hc, D, d_fn.get(), d_base.get(), d_scale.get(), iters, kNormEps, kHcEps, d_partials.get(),
-         d_out.get(), d_post.get(), d_comb.get(), stream.get());
+         norm ? d_norm.get() : nullptr, d_out.get(), d_post.get(), d_comb.get(), stream.get());
   DSV4_CUDA_CHECK_LAUNCH();
   return {d_out.download(stream.get()), d_post.download(stream.get()), d_comb.download(stream.get())};
 }
@@ -165,7 +168,7 @@ void check_hc_pre(int64_t T, int hc, int D, int iters) {
   host_hc.scale = w.scale.data();
   Tensor post_t, comb_t;
   const Tensor out_t = cpu().hc_pre(cpu().from_host(DType::BF16, {T, hc, D}, X.data()), host_hc, hc, iters, kNormEps,
-                                    kHcEps, &post_t, &comb_t);
+                                    kHcEps, &post_t, &comb_t, nullptr);
   const std::vector<uint16_t> want_out = contents<uint16_t>(out_t);
   const std::vector<float> want_post = contents<float>(post_t), want_comb = contents<float>(comb_t);
 
@@ -218,19 +221,12 @@ TEST(HyperConnectionPre, MatchesCpu) {
   check_hc_pre(2100, 4, 128, 20);  // partials blocks walking 8 token groups each
 }
 
-void check_hc_head(int64_t T, int hc, int D) {
-  const int width = hc * D;
-  const std::vector<uint16_t> X = random_streams(T, hc, D);
-  const HcWeights w = random_weights(hc, width, 1);
-  HyperConnection host_hc;
-  host_hc.fn = w.fn.data();
-  host_hc.base = w.base.data();
-  host_hc.scale = w.scale.data();
-  const std::vector<uint16_t> want = contents<uint16_t>(
-      cpu().hc_head(cpu().from_host(DType::BF16, {T, hc, D}, X.data()), host_hc, hc, kNormEps, kHcEps));
-
+// hc_head on the GPU (with a norm when given one); the output and the scratch poisoned first.
+std::vector<uint16_t> gpu_hc_head(const std::vector<uint16_t>& X, int64_t T, int hc, int D, const HcWeights& w,
+                                  const std::vector<uint16_t>* norm = nullptr) {
   Stream stream;
-  DeviceBuffer<uint16_t> d_X(X.size()), d_out(want.size());
+  DeviceBuffer<uint16_t> d_X(X.size()), d_out(size_t(T * D)), d_norm(size_t(D));
+  if (norm) d_norm.upload(*norm, stream.get());
   DeviceBuffer<float> d_fn(w.fn.size()), d_base(w.base.size()), d_scale(w.scale.size());
   d_X.upload(X, stream.get());
   d_fn.upload(w.fn, stream.get());
@@ -240,11 +236,62 @@ void check_hc_head(int64_t T, int hc, int D) {
   d_out.fill_bytes(0xff, stream.get());
   d_partials.fill_bytes(0xff, stream.get());
   hc_head(d_X.get(), T, hc, D, d_fn.get(), d_base.get(), d_scale.get(), kNormEps, kHcEps, d_partials.get(),
-          d_out.get(), stream.get());
+          norm ? d_norm.get() : nullptr, d_out.get(), stream.get());
   DSV4_CUDA_CHECK_LAUNCH();
+  return d_out.download(stream.get());
+}
+
+void check_hc_head(int64_t T, int hc, int D) {
+  const int width = hc * D;
+  const std::vector<uint16_t> X = random_streams(T, hc, D);
+  const HcWeights w = random_weights(hc, width, 1);
+  HyperConnection host_hc;
+  host_hc.fn = w.fn.data();
+  host_hc.base = w.base.data();
+  host_hc.scale = w.scale.data();
+  const std::vector<uint16_t> want = contents<uint16_t>(
+      cpu().hc_head(cpu().from_host(DType::BF16, {T, hc, D}, X.data()), host_hc, hc, kNormEps, kHcEps, nullptr));
   char what[96];
   std::snprintf(what, sizeof what, "hc_head T %lld hc %d D %d", (long long)T, hc, D);
-  check_streams_output(what, d_out.download(stream.get()), want, X, T, hc, D);
+  check_streams_output(what, gpu_hc_head(X, T, hc, D, w), want, X, T, hc, D);
+}
+
+// rms_norm of bf16 rows [rows, D] on the GPU (row_ops.h), the op the mixes' norm must equal.
+std::vector<uint16_t> gpu_rms_norm(const std::vector<uint16_t>& x, int64_t rows, int D, const std::vector<uint16_t>& w) {
+  Stream stream;
+  DeviceBuffer<uint16_t> d_x(x.size()), d_w(w.size()), d_y(x.size());
+  d_x.upload(x, stream.get());
+  d_w.upload(w, stream.get());
+  d_y.fill_bytes(0xff, stream.get());
+  rms_norm(d_x.get(), d_w.get(), rows, D, kNormEps, d_y.get(), stream.get());
+  DSV4_CUDA_CHECK_LAUNCH();
+  return d_y.download(stream.get());
+}
+
+std::vector<uint16_t> random_norm(int D) {
+  std::normal_distribution<float> nd(1.f, 0.5f);
+  std::vector<uint16_t> w(size_t(D), 0);
+  for (auto& v : w) v = f32_to_bf16(nd(rng()));
+  return w;
+}
+
+// With a norm, hc_pre and hc_head return the bits of their plain output put through the rms_norm op
+// (post and comb unchanged): the fused finishing block repeats rms_norm's summation order.
+TEST(HyperConnectionNorm, SameBitsAsTheRmsNormOpAfter) {
+  for (const auto& [D, T] : std::vector<std::pair<int, int>>{{4096, 1}, {4096, 5}, {4096, 70}, {128, 3}, {128, 2100}, {8192, 2}}) {
+    const int hc = 4;
+    const std::vector<uint16_t> X = random_streams(T, hc, D), norm = random_norm(D);
+    const HcWeights w = random_weights((2 + hc) * hc, hc * D, 3);
+    const HcPreResult plain = gpu_hc_pre(X, T, hc, D, w, 20), normed = gpu_hc_pre(X, T, hc, D, w, 20, &norm);
+    const std::vector<uint16_t> want = gpu_rms_norm(plain.out, T, D, norm);
+    EXPECT_EQ(normed.out, want) << "hc_pre + norm, T " << T << " D " << D;
+    EXPECT_EQ(normed.post, plain.post) << "T " << T << " D " << D;
+    EXPECT_EQ(normed.comb, plain.comb) << "T " << T << " D " << D;
+    EXPECT_EQ(count_nan(normed.comb), 0u);
+    const HcWeights wh = random_weights(hc, hc * D, 1);
+    EXPECT_EQ(gpu_hc_head(X, T, hc, D, wh, &norm), gpu_rms_norm(gpu_hc_head(X, T, hc, D, wh), T, D, norm))
+        << "hc_head + norm, T " << T << " D " << D;
+  }
 }
 
 TEST(HyperConnectionHead, MatchesCpu) {
@@ -312,6 +359,9 @@ TEST(HyperConnectionSanitizer, Small) {
   check_hc_post(3, 4, 128, false);
   check_hc_post(2, 4, 128, true);
   check_hc_pre(530, 4, 64, 3);  // a prefill-sized chunk
+  const std::vector<uint16_t> X = random_streams(3, 4, 256), norm = random_norm(256);
+  const HcPreResult normed = gpu_hc_pre(X, 3, 4, 256, random_weights(24, 1024, 3), 20, &norm);  // the fused norm
+  EXPECT_EQ(normed.out.size(), 3u * 256);
 }
 
 }  // namespace

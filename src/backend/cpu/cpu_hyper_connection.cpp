@@ -30,7 +30,7 @@ void hc_mixes(const uint16_t* X, int64_t width, const float* fn, int n_mix, floa
 }  // namespace
 
 Tensor CpuBackend::hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mult, int iters, float norm_eps,
-                          float hc_eps, Tensor* post, Tensor* comb) {
+                          float hc_eps, Tensor* post, Tensor* comb, const uint16_t* norm) {
   const int64_t T = X.rows();
   const int64_t D = X.numel() / T / hc_mult;
   const int n_mix = (2 + hc_mult) * hc_mult;
@@ -86,7 +86,7 @@ Tensor CpuBackend::hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mul
       }
     }
   });
-  return out;
+  return norm ? rms_norm(out, norm, norm_eps) : out;
 }
 
 Tensor CpuBackend::hc_post(const Tensor& y, const Tensor& X, const Tensor& post, const Tensor& comb) {
@@ -112,7 +112,8 @@ Tensor CpuBackend::hc_post(const Tensor& y, const Tensor& X, const Tensor& post,
   return out;
 }
 
-Tensor CpuBackend::hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps) {
+Tensor CpuBackend::hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps,
+                           const uint16_t* norm) {
   const int64_t T = X.rows();
   const int64_t D = X.numel() / T / hc_mult;
   Tensor out = alloc(DType::BF16, {T, D});
@@ -130,7 +131,7 @@ Tensor CpuBackend::hc_head(const Tensor& X, const HyperConnection& hc, int hc_mu
       }
     }
   });
-  return out;
+  return norm ? rms_norm(out, norm, norm_eps) : out;
 }
 
 }  // namespace dsv4

@@ -439,19 +439,22 @@ Tensor CudaBackend::gather_rows(const Tensor& src, const Tensor& rows) {
 
 // ---- hyper-connections ----
 
+// The norm after the mixes runs inside the finishing kernel where its shape allows (always for DeepSeek-V4),
+// else as the rms_norm op on the mixes' output.
 Tensor CudaBackend::hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mult, int iters, float norm_eps,
-                           float hc_eps, Tensor* post, Tensor* comb) {
+                           float hc_eps, Tensor* post, Tensor* comb, const uint16_t* norm) {
   const int64_t T = X.rows();
   const int64_t D = X.numel() / std::max<int64_t>(T, 1) / hc_mult;
   Tensor out = alloc(DType::BF16, {T, D});
   *post = alloc(DType::F32, {T, hc_mult});
   *comb = alloc(DType::F32, {T, hc_mult, hc_mult});
-  if (T) {
-    Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), false)});
-    cuda::hc_pre(X.ptr<uint16_t>(), T, hc_mult, int(D), hc.fn, hc.base, hc.scale, iters, norm_eps, hc_eps,
-                 partials.ptr<float>(), out.ptr<uint16_t>(), post->ptr<float>(), comb->ptr<float>(), stream());
-  }
-  return out;
+  if (!T) return out;
+  const bool fused = norm && cuda::hc_norm_fits(int(D), out.ptr<uint16_t>(), norm);
+  Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), false)});
+  cuda::hc_pre(X.ptr<uint16_t>(), T, hc_mult, int(D), hc.fn, hc.base, hc.scale, iters, norm_eps, hc_eps,
+               partials.ptr<float>(), fused ? norm : nullptr, out.ptr<uint16_t>(), post->ptr<float>(),
+               comb->ptr<float>(), stream());
+  return norm && !fused ? rms_norm(out, norm, norm_eps) : out;
 }
 
 Tensor CudaBackend::hc_post(const Tensor& y, const Tensor& X, const Tensor& post, const Tensor& comb) {
@@ -464,16 +467,17 @@ Tensor CudaBackend::hc_post(const Tensor& y, const Tensor& X, const Tensor& post
   return out;
 }
 
-Tensor CudaBackend::hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps) {
+Tensor CudaBackend::hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps,
+                            const uint16_t* norm) {
   const int64_t T = X.rows();
   const int64_t D = X.numel() / std::max<int64_t>(T, 1) / hc_mult;
   Tensor out = alloc(DType::BF16, {T, D});
-  if (T) {
-    Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), true)});
-    cuda::hc_head(X.ptr<uint16_t>(), T, hc_mult, int(D), hc.fn, hc.base, hc.scale, norm_eps, hc_eps,
-                  partials.ptr<float>(), out.ptr<uint16_t>(), stream());
-  }
-  return out;
+  if (!T) return out;
+  const bool fused = norm && cuda::hc_norm_fits(int(D), out.ptr<uint16_t>(), norm);
+  Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), true)});
+  cuda::hc_head(X.ptr<uint16_t>(), T, hc_mult, int(D), hc.fn, hc.base, hc.scale, norm_eps, hc_eps,
+                partials.ptr<float>(), fused ? norm : nullptr, out.ptr<uint16_t>(), stream());
+  return norm && !fused ? rms_norm(out, norm, norm_eps) : out;
 }
 
 }  // namespace dsv4::cuda

@@ -103,9 +103,10 @@ class CudaBackend final : public Backend {
   Tensor grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) override;
 
   Tensor hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mult, int iters, float norm_eps, float hc_eps,
-                Tensor* post, Tensor* comb) override;
+                Tensor* post, Tensor* comb, const uint16_t* norm) override;
   Tensor hc_post(const Tensor& y, const Tensor& X, const Tensor& post, const Tensor& comb) override;
-  Tensor hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps) override;
+  Tensor hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps,
+                 const uint16_t* norm) override;
 
   void grow_pool(EntryPool& pool, int64_t pages) override;
   void write_entries(const Tensor& values, const Tensor& entries, EntryPool& pool) override;

@@ -81,6 +81,7 @@ __device__ __forceinline__ void token_comb(const float* m, const float* base, co
 constexpr int kSliceChunks = 64;  // 256 channels: 2 float4 chunks per lane
 constexpr int kTileTokens = 4;    // tokens per warp (4 × 24 accumulators per lane)
 constexpr int kFinishChannels = kThreads * 4;  // x_in channels per finishing block
+constexpr int kMaxNormWidth = 8192;            // D of a finishing block that also applies the norm
 
 // One step of warp_transpose_sum: a lane keeps the half of v[0, 2·Keep) its partner (lane ^ Keep)
 // drops and adds the partner's copy of it.
@@ -194,16 +195,80 @@ __device__ __forceinline__ float mix_rs(float sum_sq, int width, float norm_eps)
   return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(float(double(sum_sq) / double(width)), norm_eps)));
 }
 
+// x_in = bf(Σ_j pre[j]·X[j]) of one token, accumulated from 0 in stream order as the CPU; 4 channels
+// a thread, the block being the part-th of blocks_per_token.
+template <int HC>
+__device__ __forceinline__ void x_in_plain(const uint16_t* xt, const float* pre, int D, int part,
+                                           int blocks_per_token, uint16_t* yt) {
+  for (int d = part * kFinishChannels + threadIdx.x * 4; d < D; d += blocks_per_token * kFinishChannels) {
+    float a[4] = {0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < HC; ++j) {
+      const uint2 raw = *reinterpret_cast<const uint2*>(xt + j * D + d);
+      const float x[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
+                          __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)};
+#pragma unroll
+      for (int e = 0; e < 4; ++e) a[e] = __fadd_rn(a[e], __fmul_rn(pre[j], x[e]));
+    }
+    *reinterpret_cast<uint2*>(yt + d) = make_uint2(uint32_t(bf16_bits(a[0])) | uint32_t(bf16_bits(a[1])) << 16,
+                                                   uint32_t(bf16_bits(a[2])) | uint32_t(bf16_bits(a[3])) << 16);
+  }
+}
+
+// out = rms_norm(x_in, norm) of one token by its one finishing block, in row_ops.cu rms_norm_kernel's
+// order: thread i takes the 8-channel chunks i, i + kThreads, … (x_in rounded to bf16, kept in shared
+// memory), sums their squares in that order, then block_sum — the bits of x_in then the rms_norm op.
+template <int HC>
+__device__ __forceinline__ void x_in_normed(const uint16_t* xt, const float* pre, int D, const uint16_t* norm,
+                                            float norm_eps, uint16_t* yt) {
+  __shared__ uint4 x_in[kMaxNormWidth / 8];
+  float ss = 0;
+  for (int c = threadIdx.x; c < D / 8; c += kThreads) {
+    float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
+#pragma unroll
+    for (int j = 0; j < HC; ++j) {
+      const uint4 raw = reinterpret_cast<const uint4*>(xt + j * D)[c];
+      const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        a[2 * k] = __fadd_rn(a[2 * k], __fmul_rn(pre[j], __uint_as_float(w[k] << 16)));
+        a[2 * k + 1] = __fadd_rn(a[2 * k + 1], __fmul_rn(pre[j], __uint_as_float(w[k] & 0xffff0000u)));
+      }
+    }
+    uint32_t packed[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      packed[k] = uint32_t(bf16_bits(a[2 * k])) | uint32_t(bf16_bits(a[2 * k + 1])) << 16;
+      const float lo = __uint_as_float(packed[k] << 16), hi = __uint_as_float(packed[k] & 0xffff0000u);
+      ss = fmaf(hi, hi, fmaf(lo, lo, ss));
+    }
+    x_in[c] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+  }
+  const float rs = mix_rs(block_sum(ss), D, norm_eps);  // (block_sum's barrier also publishes x_in)
+  for (int c = threadIdx.x; c < D / 8; c += kThreads) {
+    const uint4 xv = x_in[c], wv = reinterpret_cast<const uint4*>(norm)[c];
+    const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
+    uint32_t o[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float lo = __fmul_rn(__uint_as_float(ww[k] << 16), __fmul_rn(__uint_as_float(xw[k] << 16), rs));
+      const float hi = __fmul_rn(__uint_as_float(ww[k] & 0xffff0000u), __fmul_rn(__uint_as_float(xw[k] & 0xffff0000u), rs));
+      o[k] = uint32_t(bf16_bits(lo)) | uint32_t(bf16_bits(hi)) << 16;
+    }
+    reinterpret_cast<uint4*>(yt)[c] = make_uint4(o[0], o[1], o[2], o[3]);
+  }
+}
+
 // NMix = (2+HC)·HC for hc_pre (pre, post, comb), HC for hc_head (pre only). Blocks [0, T·blocks_per_token):
-// x_in, blocks_per_token per token, from the pre sums and the sum of squares only. For hc_pre the
-// blocks after them: a warp per token for post and the Sinkhorn (the step's one serial stretch, side
-// by side with the x_in blocks).
-template <int HC, int NMix>
+// x_in, blocks_per_token per token, from the pre sums and the sum of squares only (kNorm: one block
+// per token, which also applies the norm). For hc_pre the blocks after them: a warp per token for post
+// and the Sinkhorn (the step's one serial stretch, side by side with the x_in blocks).
+template <int HC, int NMix, bool kNorm>
 __global__ void __launch_bounds__(kThreads)
     hc_mix_finish_kernel(const uint16_t* __restrict__ X, int64_t T, int D, const float* __restrict__ partials,
                          int slices, const float* __restrict__ base, const float* __restrict__ scale, int iters,
-                         float norm_eps, float hc_eps, int blocks_per_token, uint16_t* __restrict__ out,
-                         float* __restrict__ post, float* __restrict__ comb) {
+                         float norm_eps, float hc_eps, int blocks_per_token, const uint16_t* __restrict__ norm,
+                         uint16_t* __restrict__ out, float* __restrict__ post, float* __restrict__ comb) {
   constexpr int NV = NMix + 1;
   __shared__ float sums[HC + 1];
   __shared__ float mix[kWarps][NMix];  // m_j = (v · fn_j) · rs
@@ -246,23 +311,8 @@ __global__ void __launch_bounds__(kThreads)
   __syncwarp();
   if (warp == 0) token_pre_post<HC>(mix[0], base, scale, hc_eps, lane, pre[0], nullptr);
   __syncthreads();
-
-  // x_in = bf(Σ_j pre[j]·X[j]), accumulated from 0 in stream order as the CPU; 4 channels a thread.
-  const uint16_t* xt = X + t * width;
-  for (int d = part * kFinishChannels + threadIdx.x * 4; d < D; d += blocks_per_token * kFinishChannels) {
-    float a[4] = {0, 0, 0, 0};
-#pragma unroll
-    for (int j = 0; j < HC; ++j) {
-      const uint2 raw = *reinterpret_cast<const uint2*>(xt + j * D + d);
-      const float x[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u),
-                          __uint_as_float(raw.y << 16), __uint_as_float(raw.y & 0xffff0000u)};
-#pragma unroll
-      for (int e = 0; e < 4; ++e) a[e] = __fadd_rn(a[e], __fmul_rn(pre[0][j], x[e]));
-    }
-    const uint2 packed = make_uint2(uint32_t(bf16_bits(a[0])) | uint32_t(bf16_bits(a[1])) << 16,
-                                    uint32_t(bf16_bits(a[2])) | uint32_t(bf16_bits(a[3])) << 16);
-    *reinterpret_cast<uint2*>(out + t * D + d) = packed;
-  }
+  if constexpr (kNorm) x_in_normed<HC>(X + t * width, pre[0], D, norm, norm_eps, out + t * D);
+  else x_in_plain<HC>(X + t * width, pre[0], D, part, blocks_per_token, out + t * D);
 }
 
 // A thread per (token, channel d): blocks_per_token blocks of kThreads channels per token, so one
@@ -306,8 +356,8 @@ int hc_slices(int hc, int D) { return (hc * D / 4 + kSliceChunks - 1) / kSliceCh
 // Finishing blocks per token: a decode step's few tokens spread x_in over several SMs; a prefill
 // chunk's many tokens fill the GPU with one each (every block re-adds the token's partial sums).
 // Either way each channel's arithmetic is the same.
-int hc_blocks_per_token(int64_t T, int D) {
-  return T >= 64 ? 1 : (D + kFinishChannels - 1) / kFinishChannels;
+int hc_blocks_per_token(int64_t T, int D, bool norm) {
+  return T >= 64 || norm ? 1 : (D + kFinishChannels - 1) / kFinishChannels;
 }
 
 void check_shape(const char* op, int64_t T, int hc, int D) {
@@ -324,24 +374,27 @@ void check_mix_operands(const char* op, int64_t T, int hc, int D, const uint16_t
   if (hc != 4) fail("{}: hc {} (the mix kernels are built for hc = 4)", op, hc);
   if (D % 4 || reinterpret_cast<uintptr_t>(X) % 8 || reinterpret_cast<uintptr_t>(fn) % 16)
     fail("{}: D {} must be a multiple of 4, X 8-byte and fn 16-byte aligned", op, D);
-  if ((T + kWarps * kTileTokens - 1) / (kWarps * kTileTokens) / hc_groups_per_block(T) > 65535 || T * hc_blocks_per_token(T, D) + T > 0x7fffffff)
+  if ((T + kWarps * kTileTokens - 1) / (kWarps * kTileTokens) / hc_groups_per_block(T) > 65535 ||
+      T * hc_blocks_per_token(T, D, false) + T > 0x7fffffff)
     fail("{}: {} tokens exceed the grid", op, T);
   if (T && !partials) fail("{}: no scratch for the partial sums", op);
 }
 
 template <int HC, int NMix>
 void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const float* base, const float* scale,
-                   int iters, float norm_eps, float hc_eps, float* partials, uint16_t* out, float* post, float* comb,
-                   cudaStream_t stream) {
-  const int slices = hc_slices(HC, D), blocks_per_token = hc_blocks_per_token(T, D);
+                   int iters, float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
+                   float* post, float* comb, cudaStream_t stream) {
+  if (norm && !hc_norm_fits(D, out, norm)) fail("hc mixes: a norm over D {} does not fit the finishing block", D);
+  const int slices = hc_slices(HC, D), blocks_per_token = hc_blocks_per_token(T, D, norm);
   const int groups_per_block = hc_groups_per_block(T);
   const int64_t per_block = int64_t(kWarps) * kTileTokens * groups_per_block;
   launch_programmatic(hc_mix_partials_kernel<NMix>, dim3(unsigned(slices), unsigned((T + per_block - 1) / per_block)),
                       dim3(kThreads), 0, stream, X, T, HC * D, fn, slices, groups_per_block, partials);
   const int64_t blocks = T * blocks_per_token + (NMix > HC ? (T + kWarps - 1) / kWarps : 0);
-  launch_programmatic(hc_mix_finish_kernel<HC, NMix>, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, X, T, D,
+  auto finish = norm ? hc_mix_finish_kernel<HC, NMix, true> : hc_mix_finish_kernel<HC, NMix, false>;
+  launch_programmatic(finish, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, X, T, D,
                       static_cast<const float*>(partials), slices, base, scale, iters, norm_eps, hc_eps,
-                      blocks_per_token, out, post, comb);
+                      blocks_per_token, norm, out, post, comb);
 }
 
 template <int HC>
@@ -355,18 +408,23 @@ void launch_hc_post(const uint16_t* y, const uint16_t* X, const float* post, con
 
 }  // namespace
 
+bool hc_norm_fits(int D, const uint16_t* out, const uint16_t* norm) {
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  return D > 0 && D % 8 == 0 && D <= kMaxNormWidth && aligned16(out) && aligned16(norm);
+}
+
 int64_t hc_mix_scratch_floats(int64_t T, int hc, int D, bool head) {
   const int n_mix = head ? hc : (2 + hc) * hc;
   return T * hc_slices(hc, D) * (n_mix + 1);
 }
 
 void hc_pre(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
-            int iters, float norm_eps, float hc_eps, float* partials, uint16_t* out, float* post, float* comb,
-            cudaStream_t stream) {
+            int iters, float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
+            float* post, float* comb, cudaStream_t stream) {
   check_shape("hc_pre", T, hc, D);
   check_mix_operands("hc_pre", T, hc, D, X, fn, partials);
   if (T == 0) return;
-  launch_hc_mix<4, 24>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, partials, out, post, comb, stream);
+  launch_hc_mix<4, 24>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, partials, norm, out, post, comb, stream);
 }
 
 void hc_post(const uint16_t* y, const uint16_t* X, const float* post, const float* comb, int64_t T, int hc, int D,
@@ -382,11 +440,13 @@ void hc_post(const uint16_t* y, const uint16_t* X, const float* post, const floa
 }
 
 void hc_head(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
-             float norm_eps, float hc_eps, float* partials, uint16_t* out, cudaStream_t stream) {
+             float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
+             cudaStream_t stream) {
   check_shape("hc_head", T, hc, D);
   check_mix_operands("hc_head", T, hc, D, X, fn, partials);
   if (T == 0) return;
-  launch_hc_mix<4, 4>(X, T, D, fn, base, scale, 0, norm_eps, hc_eps, partials, out, nullptr, nullptr, stream);
+  launch_hc_mix<4, 4>(X, T, D, fn, base, scale, 0, norm_eps, hc_eps, partials, norm, out, nullptr, nullptr,
+                      stream);
 }
 
 }  // namespace dsv4::cuda

@@ -17,12 +17,17 @@ namespace dsv4::cuda {
 // of each token's channel slices (a token's result does not depend on T or on its neighbours).
 int64_t hc_mix_scratch_floats(int64_t T, int hc, int D, bool head);
 
+// Whether hc_pre / hc_head can apply a norm to their output themselves: D a multiple of 8 up to
+// 8192, out and norm 16-byte aligned.
+bool hc_norm_fits(int D, const uint16_t* out, const uint16_t* norm);
+
 // CpuBackend::hc_pre. X bf16 [T, hc, D]; fn f32 [(2+hc)·hc, hc·D]; base f32 [(2+hc)·hc]; scale f32 [3].
 // partials: hc_mix_scratch_floats(T, hc, D, false) floats. out bf16 [T, D]; post f32 [T, hc]; comb f32
-// [T, hc, hc].
+// [T, hc, hc]. With norm (bf16 [D], hc_norm_fits): out = rms_norm(x, norm, norm_eps) of the result x,
+// the bits of row_ops.h rms_norm run after it.
 void hc_pre(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
-            int iters, float norm_eps, float hc_eps, float* partials, uint16_t* out, float* post, float* comb,
-            cudaStream_t stream);
+            int iters, float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
+            float* post, float* comb, cudaStream_t stream);
 
 // CpuBackend::hc_post: out[t,b,:] = bf16(post[t,b]·y[t,:] + Σ_a comb[t,a,b]·X[t,a,:]); y bf16 [T, D],
 // X and out bf16 [T, hc, D] (out must not alias X).
@@ -30,8 +35,9 @@ void hc_post(const uint16_t* y, const uint16_t* X, const float* post, const floa
              uint16_t* out, cudaStream_t stream);
 
 // CpuBackend::hc_head: fn f32 [hc, hc·D], base f32 [hc], scale f32 [1]; partials:
-// hc_mix_scratch_floats(T, hc, D, true) floats; out bf16 [T, D].
+// hc_mix_scratch_floats(T, hc, D, true) floats; out bf16 [T, D]; norm as hc_pre's.
 void hc_head(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
-             float norm_eps, float hc_eps, float* partials, uint16_t* out, cudaStream_t stream);
+             float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
+             cudaStream_t stream);
 
 }  // namespace dsv4::cuda

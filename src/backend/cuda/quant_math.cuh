@@ -40,6 +40,17 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+// Sum over the block (blockDim.x a multiple of 32), once per kernel; every thread gets the same value
+// because every thread adds the per-warp sums in the same order.
+__device__ __forceinline__ float block_sum(float v) {
+  __shared__ float warp_sums[32];
+  v = warp_sum(v);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  __syncthreads();
+  float total = 0;
+  for (int w = 0; w < int(blockDim.x / 32); ++w) total += warp_sums[w];
+  return total;
+}
 __device__ __forceinline__ float warp_max(float v) {
 #pragma unroll
   for (int o = 16; o; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));

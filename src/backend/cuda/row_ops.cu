@@ -28,17 +28,6 @@ __device__ __forceinline__ float round_bf16_dev(float f) { return bf16_value(bf1
 
 
 
-// Sum over the block (blockDim.x a multiple of 32); every thread gets the same value because every
-// thread adds the per-warp sums in the same order.
-__device__ float block_sum(float v) {
-  __shared__ float warp_sums[32];
-  v = warp_sum(v);
-  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
-  __syncthreads();
-  float total = 0;
-  for (int w = 0; w < int(blockDim.x / 32); ++w) total += warp_sums[w];
-  return total;
-}
 
 // core/dtypes.h e4m3_to_f32 for the finite codes (the clamp before encoding excludes NaN).
 __device__ __forceinline__ float e4m3_value(uint8_t code) {
@@ -193,12 +182,15 @@ __global__ void __launch_bounds__(kBlockThreads) rope_kernel(uint16_t* __restric
   }
 }
 
-// norm_rope: a warp per head. The normalised head goes through shared memory (the bf16 values the
-// separate ops would write), then RoPE and the fp8 simulation read it there. Each step repeats the
-// arithmetic of its own kernel above — the weighted norm even rms_norm_kernel's summation order
-// (chunk c of 8 channels by thread c, warp sums added in warp order) — so the outputs are the bits of
-// rms_norm / head_rms_norm, rope, fp8_simulate run one after another.
+// norm_rope: a warp per head, lane i the rope pair i. The normalised head goes through shared memory
+// (the bf16 values the separate ops would write), then RoPE and the fp8 simulation read it there. Each
+// step repeats the arithmetic of its own kernel above — the weighted norm even rms_norm_kernel's
+// summation order (chunk c of 8 channels by thread c, warp sums added in warp order) — so the outputs
+// are the bits of rms_norm / head_rms_norm, rope, fp8_simulate run one after another. When a row's
+// heads fill whole blocks (q: 64 heads), its cos/sin (double, the costly part) are computed once per
+// block, not once per head.
 constexpr int kMaxNormRopeDim = 512;
+constexpr int kMaxNormRopePairs = 32;
 
 template <bool kWeighted>
 __global__ void __launch_bounds__(kBlockThreads)
@@ -206,11 +198,30 @@ __global__ void __launch_bounds__(kBlockThreads)
                      const uint16_t* __restrict__ weight, float eps, int rope_dim,
                      const int32_t* __restrict__ positions, const float* __restrict__ inv_freq, bool fp8_nope) {
   __shared__ uint16_t normed[kWarpsPerBlock][kMaxNormRopeDim];
+  __shared__ float row_cos[kMaxNormRopePairs], row_sin[kMaxNormRopePairs];
   pdl_wait();
   pdl_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
+  // The f32 angle (torch.outer in f32), cos/sin in double rounded to f32, as the CPU (rope_kernel).
+  const auto angle_of = [&](int64_t it) { return double(__fmul_rn(float(positions[it / heads]), inv_freq[lane])); };
+  const bool block_row = heads % kWarpsPerBlock == 0;  // every warp of the block on one row (items fill it)
+  float cos_i = 0, sin_i = 0;
+  if (block_row) {
+    if (warp == 0 && lane < rope_dim / 2) {
+      const double a = angle_of(item);
+      row_cos[lane] = float(cos(a));
+      row_sin[lane] = float(sin(a));
+    }
+    __syncthreads();
+    if (lane < rope_dim / 2) cos_i = row_cos[lane], sin_i = row_sin[lane];
+  }
   if (item >= items) return;  // whole warps leave together
+  if (!block_row && lane < rope_dim / 2) {
+    const double a = angle_of(item);
+    cos_i = float(cos(a));
+    sin_i = float(sin(a));
+  }
   uint16_t* v = x + item * head_dim;
   uint16_t* nv = normed[warp];
   if constexpr (kWeighted) {
@@ -257,14 +268,11 @@ __global__ void __launch_bounds__(kBlockThreads)
   }
   __syncwarp();
   const int nope = head_dim - rope_dim;
-  const float pos = float(positions[item / heads]);
-  for (int i = lane; i < rope_dim / 2; i += 32) {
-    const double angle = double(__fmul_rn(pos, inv_freq[i]));
-    const float c = float(cos(angle)), s = float(sin(angle));
-    const float a = bf16_value(nv[nope + 2 * i]), b = bf16_value(nv[nope + 2 * i + 1]);
-    const float even = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    const float odd = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
-    *reinterpret_cast<uint32_t*>(v + nope + 2 * i) = uint32_t(bf16_bits(even)) | uint32_t(bf16_bits(odd)) << 16;
+  if (lane < rope_dim / 2) {
+    const float a = bf16_value(nv[nope + 2 * lane]), b = bf16_value(nv[nope + 2 * lane + 1]);
+    const float even = __fsub_rn(__fmul_rn(a, cos_i), __fmul_rn(b, sin_i));
+    const float odd = __fadd_rn(__fmul_rn(a, sin_i), __fmul_rn(b, cos_i));
+    *reinterpret_cast<uint32_t*>(v + nope + 2 * lane) = uint32_t(bf16_bits(even)) | uint32_t(bf16_bits(odd)) << 16;
   }
   if (fp8_nope) {
     for (int b0 = 0; b0 < nope; b0 += 64) {
@@ -460,7 +468,7 @@ void rope(uint16_t* x, int64_t rows, int heads, int head_dim, int rope_dim, cons
 bool norm_rope_fits(int head_dim, int rope_dim, const uint16_t* x, const uint16_t* weight, bool fp8_nope) {
   const int nope = head_dim - rope_dim;
   return head_dim > 0 && head_dim <= kMaxNormRopeDim && head_dim % 8 == 0 && rope_dim > 0 && rope_dim % 2 == 0 &&
-         nope >= 0 && (!fp8_nope || nope % 64 == 0) && aligned(x, 16) && (!weight || aligned(weight, 16));
+         rope_dim / 2 <= kMaxNormRopePairs && nope >= 0 && (!fp8_nope || nope % 64 == 0) && aligned(x, 16) && (!weight || aligned(weight, 16));
 }
 
 void norm_rope(uint16_t* x, int64_t rows, int heads, int head_dim, const uint16_t* weight, float eps, int rope_dim,
