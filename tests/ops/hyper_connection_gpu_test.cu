@@ -139,7 +139,7 @@ struct HcPreResult {
 HcPreResult gpu_hc_pre(const std::vector<uint16_t>& X, int64_t T, int hc, int D, const HcWeights& w, int iters,
                        const std::vector<uint16_t>* norm = nullptr) {
   Stream stream;
-  DeviceBuffer<uint16_t> d_X(X.size()), d_out(size_t(T * D)), d_norm(size_t(D));
+  DeviceBuffer<uint16_t> d_X(X.size()), d_out(size_t(T * D)), d_norm(static_cast<size_t>(D));
   if (norm) d_norm.upload(*norm, stream.get());
   DeviceBuffer<float> d_fn(w.fn.size()), d_base(w.base.size()), d_scale(w.scale.size());
   DeviceBuffer<float> d_post(size_t(T * hc)), d_comb(size_t(T * hc * hc));
@@ -225,7 +225,7 @@ TEST(HyperConnectionPre, MatchesCpu) {
 std::vector<uint16_t> gpu_hc_head(const std::vector<uint16_t>& X, int64_t T, int hc, int D, const HcWeights& w,
                                   const std::vector<uint16_t>* norm = nullptr) {
   Stream stream;
-  DeviceBuffer<uint16_t> d_X(X.size()), d_out(size_t(T * D)), d_norm(size_t(D));
+  DeviceBuffer<uint16_t> d_X(X.size()), d_out(size_t(T * D)), d_norm(static_cast<size_t>(D));
   if (norm) d_norm.upload(*norm, stream.get());
   DeviceBuffer<float> d_fn(w.fn.size()), d_base(w.base.size()), d_scale(w.scale.size());
   d_X.upload(X, stream.get());
@@ -271,7 +271,7 @@ std::vector<uint16_t> gpu_rms_norm(const std::vector<uint16_t>& x, int64_t rows,
 std::vector<uint16_t> random_norm(int D) {
   std::normal_distribution<float> nd(1.f, 0.5f);
   std::vector<uint16_t> w(size_t(D), 0);
-  for (auto& v : w) v = f32_to_bf16(nd(rng()));
+  for (auto& v : w) v = dsv4::f32_to_bf16(nd(rng()));
   return w;
 }
 
