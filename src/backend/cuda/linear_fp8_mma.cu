@@ -58,18 +58,12 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
 
 __device__ __forceinline__ uint32_t word(const uint4& v, int s) { return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w; }
 
-// The A fragments of one 128-channel block: [chunk][step][4 registers] from the two rows' loads.
-__device__ __forceinline__ void weight_fragments(const uint4 (&lo)[2], const uint4 (&hi)[2], uint32_t (&a)[2][4][4]) {
-#pragma unroll
-  for (int c = 0; c < 2; ++c)
-#pragma unroll
-    for (int s = 0; s < 4; ++s) {
-      const uint32_t l = word(lo[c], s), h = word(hi[c], s);
-      a[c][s][0] = e4m3x2_to_f16x2(l);
-      a[c][s][1] = e4m3x2_to_f16x2(h);
-      a[c][s][2] = e4m3x2_to_f16x2(l >> 16);
-      a[c][s][3] = e4m3x2_to_f16x2(h >> 16);
-    }
+// The A fragment of one MMA step from the two rows' 32-bit words l (row g) and h (row g + 8).
+__device__ __forceinline__ void weight_fragment(uint32_t l, uint32_t h, uint32_t (&a)[4]) {
+  a[0] = e4m3x2_to_f16x2(l);
+  a[1] = e4m3x2_to_f16x2(h);
+  a[2] = e4m3x2_to_f16x2(l >> 16);
+  a[3] = e4m3x2_to_f16x2(h >> 16);
 }
 
 __device__ __forceinline__ void load_block(const uint8_t* row, bool ok, int kb, uint4 (&v)[2]) {
@@ -105,32 +99,52 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
 
   const int64_t row0 = int64_t(blockIdx.x) * kBlockRows;
   float total[kTiles][4] = {};
-  uint4 next_lo[2], next_hi[2];
-  if (kb_begin < kb_end) load_block(w_lo, lo_ok, kb_begin, next_lo), load_block(w_hi, hi_ok, kb_begin, next_hi);
-  for (int kb = kb_begin; kb < kb_end; ++kb) {
-    uint32_t a[2][4][4];
-    weight_fragments(next_lo, next_hi, a);
-    if (kb + 1 < kb_end) load_block(w_lo, lo_ok, kb + 1, next_lo), load_block(w_hi, hi_ok, kb + 1, next_hi);
-    const float sw = e8m0_to_f32_dev(w_run_scale[kb]);
+  // Block kb + 1 — weights, activation codes and scales — is loaded while block kb multiplies: the
+  // activations come from L2 (another kernel wrote them), and a load in the multiply's dependency
+  // chain cost a round trip per block.
+  uint4 next_lo[2], next_hi[2], next_x[kTiles][2];
+  float next_sa[kTiles], next_sb[kTiles], next_sw = 0;
+  const auto load_step = [&](int kb) {
+    load_block(w_lo, lo_ok, kb, next_lo);
+    load_block(w_hi, hi_ok, kb, next_hi);
+    next_sw = e8m0_to_f32_dev(w_run_scale[kb]);
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
       const int64_t r = row0 + 8 * j + g, ra = row0 + 8 * j + 2 * t;
-      uint4 x[2];
-      load_block(act_q + (r < rows ? r : 0) * K + 16 * t, r < rows, kb, x);
-      float part[4] = {};
+      load_block(act_q + (r < rows ? r : 0) * K + 16 * t, r < rows, kb, next_x[j]);
+      next_sa[j] = ra < rows ? act_scale[ra * kbs + kb] : 0.f;
+      next_sb[j] = ra + 1 < rows ? act_scale[(ra + 1) * kbs + kb] : 0.f;
+    }
+  };
+  if (kb_begin < kb_end) load_step(kb_begin);
+  for (int kb = kb_begin; kb < kb_end; ++kb) {
+    const uint4 lo[2] = {next_lo[0], next_lo[1]}, hi[2] = {next_hi[0], next_hi[1]};
+    uint4 x[kTiles][2];
+    float sa[kTiles], sb[kTiles];
 #pragma unroll
-      for (int c = 0; c < 2; ++c)
+    for (int j = 0; j < kTiles; ++j) x[j][0] = next_x[j][0], x[j][1] = next_x[j][1], sa[j] = next_sa[j], sb[j] = next_sb[j];
+    const float sw = next_sw;
+    if (kb + 1 < kb_end) load_step(kb + 1);
+    float part[kTiles][4] = {};
 #pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          const uint32_t b = word(x[c], s);
-          mma_f16(part, a[c][s], e4m3x2_to_f16x2(b), e4m3x2_to_f16x2(b >> 16));
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint32_t a[4];
+        weight_fragment(word(lo[c], s), word(hi[c], s), a);
+#pragma unroll
+        for (int j = 0; j < kTiles; ++j) {
+          const uint32_t b = word(x[j][c], s);
+          mma_f16(part[j], a, e4m3x2_to_f16x2(b), e4m3x2_to_f16x2(b >> 16));
         }
-      const float sa = ra < rows ? act_scale[ra * kbs + kb] * sw : 0.f;
-      const float sb = ra + 1 < rows ? act_scale[(ra + 1) * kbs + kb] * sw : 0.f;
-      total[j][0] += part[0] * sa;
-      total[j][1] += part[1] * sb;
-      total[j][2] += part[2] * sa;
-      total[j][3] += part[3] * sb;
+      }
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      const float scale_a = sa[j] * sw, scale_b = sb[j] * sw;
+      total[j][0] += part[j][0] * scale_a;
+      total[j][1] += part[j][1] * scale_b;
+      total[j][2] += part[j][2] * scale_a;
+      total[j][3] += part[j][3] * scale_b;
     }
   }
 
