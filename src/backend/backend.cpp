@@ -13,14 +13,10 @@ void Backend::replay(const CapturedWork&) { fail("the {} backend cannot replay r
 
 void Backend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight, float eps, int rope_dim,
                         const Tensor& positions, const RopeTable& table, bool fp8_nope) {
-  if (weight) {
-    Tensor heads = x;
-    heads.shape = {x.numel() / head_dim, head_dim};
-    const Tensor y = rms_norm(heads, weight, eps);
-    copy_rows(y, 0, heads, 0, heads.shape[0]);
-  } else {
-    head_rms_norm(x, head_dim, eps);
-  }
+  Tensor heads = x;
+  heads.shape = {x.numel() / head_dim, head_dim};
+  const Tensor y = rms_norm(heads, weight, eps);
+  copy_rows(y, 0, heads, 0, heads.shape[0]);
   rope(x, head_dim, rope_dim, positions, table, false);
   if (fp8_nope) fp8_simulate(x, head_dim, head_dim - rope_dim);
 }

@@ -173,9 +173,9 @@ class Backend {
   virtual void rope(Tensor& x, int head_dim, int rope_dim, const Tensor& positions, const RopeTable& table,
                     bool inverse) = 0;  // last rope_dim of every head; positions I32 [rows]
   virtual void fp8_simulate(Tensor& x, int row_width, int channels) = 0;                      // SPEC §2.5 on [0, channels)
-  // x [rows, heads, head_dim] in place, per head: rms_norm with `weight` (null: head_rms_norm), rope
-  // by positions[row], then with fp8_nope fp8_simulate of the first head_dim − rope_dim channels — the
-  // values of those ops run in that order (the default runs them so; a backend may fuse them).
+  // x [rows, heads, head_dim] in place, per head: rms_norm with `weight`, rope by positions[row], then
+  // with fp8_nope fp8_simulate of the first head_dim − rope_dim channels — the values of those ops run
+  // in that order (the default runs them so; a backend may fuse them). KV rows and compressed entries.
   virtual void norm_rope(Tensor& x, int head_dim, const uint16_t* weight, float eps, int rope_dim,
                          const Tensor& positions, const RopeTable& table, bool fp8_nope);
   virtual void hadamard_fp4_simulate(Tensor& x, int width) = 0;                                // SPEC §2.6–2.7 per `width` chunk

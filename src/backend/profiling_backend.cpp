@@ -141,7 +141,7 @@ void ProfilingBackend::rope(Tensor& x, int head_dim, int rope_dim, const Tensor&
 void ProfilingBackend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight, float eps, int rope_dim,
                                  const Tensor& positions, const RopeTable& table, bool fp8_nope) {
   const double moved = 2 * bytes(x) + bytes(positions);
-  timed(weight ? "norm_rope" : "head_norm_rope", weights_and(weight ? 2.0 * head_dim : 0, moved),
+  timed("norm_rope", weights_and(2.0 * head_dim, moved),
         [&] { inner_->norm_rope(x, head_dim, weight, eps, rope_dim, positions, table, fp8_nope); });
 }
 void ProfilingBackend::fp8_simulate(Tensor& x, int row_width, int channels) {

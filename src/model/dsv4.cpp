@@ -591,7 +591,8 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
 
   Tensor qr = backend_.rms_norm(backend_.linear(x, w.wq_a), w.q_norm, eps);
   Tensor q = view(backend_.linear(qr, w.wq_b), {T, H, hd});
-  backend_.norm_rope(q, hd, nullptr, eps, c.rope_dim, positions, rope, false);
+  backend_.head_rms_norm(q, hd, eps);
+  backend_.rope(q, hd, c.rope_dim, positions, rope, false);
   emit("q", l, q);
   Tensor kv = backend_.linear(x, w.wkv);
   backend_.norm_rope(kv, hd, w.kv_norm, eps, c.rope_dim, positions, rope, true);

@@ -269,7 +269,7 @@ void CudaBackend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight, flo
                             const Tensor& positions, const RopeTable& table, bool fp8_nope) {
   const int64_t rows = x.rows();
   if (!rows) return;
-  if (!cuda::norm_rope_fits(head_dim, rope_dim, x.ptr<uint16_t>(), weight, fp8_nope))
+  if (!weight || !cuda::norm_rope_fits(head_dim, rope_dim, x.ptr<uint16_t>(), weight, fp8_nope))
     return Backend::norm_rope(x, head_dim, weight, eps, rope_dim, positions, table, fp8_nope);
   DSV4_CHECK(positions.numel() == rows && positions.dtype == DType::I32, "norm_rope: {} positions for {} rows",
              positions.numel(), rows);

@@ -182,96 +182,67 @@ __global__ void __launch_bounds__(kBlockThreads) rope_kernel(uint16_t* __restric
   }
 }
 
-// norm_rope: a warp per head, lane i the rope pair i. The normalised head goes through shared memory
-// (the bf16 values the separate ops would write), then RoPE and the fp8 simulation read it there. Each
-// step repeats the arithmetic of its own kernel above — the weighted norm even rms_norm_kernel's
-// summation order (chunk c of 8 channels by thread c, warp sums added in warp order) — so the outputs
-// are the bits of rms_norm / head_rms_norm, rope, fp8_simulate run one after another. When a row's
-// heads fill whole blocks (q: 64 heads), its cos/sin (double, the costly part) are computed once per
-// block, not once per head.
+// norm_rope: a warp per head, lane i the rope pair i (its cos/sin computed by that lane, as
+// rope_kernel's threads do). The normalised head goes through shared memory (the bf16 values the
+// separate ops would write), then RoPE and the fp8 simulation read it there. Each step repeats the
+// arithmetic of its own kernel above — the norm even rms_norm_kernel's summation order (chunk c of 8
+// channels by thread c, warp sums added in warp order) — so the outputs are the bits of rms_norm,
+// rope, fp8_simulate run one after another. (q's per-head norm stays the two ops: with 64 heads a
+// row, a fused kernel recomputing cos/sin per head or sharing them per block measured slower at
+// prefill than head_rms_norm + rope.)
 constexpr int kMaxNormRopeDim = 512;
 constexpr int kMaxNormRopePairs = 32;
 
-template <bool kWeighted>
 __global__ void __launch_bounds__(kBlockThreads)
     norm_rope_kernel(uint16_t* __restrict__ x, int64_t items, int heads, int head_dim,
                      const uint16_t* __restrict__ weight, float eps, int rope_dim,
                      const int32_t* __restrict__ positions, const float* __restrict__ inv_freq, bool fp8_nope) {
   __shared__ uint16_t normed[kWarpsPerBlock][kMaxNormRopeDim];
-  __shared__ float row_cos[kMaxNormRopePairs], row_sin[kMaxNormRopePairs];
   pdl_wait();
   pdl_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
-  // The f32 angle (torch.outer in f32), cos/sin in double rounded to f32, as the CPU (rope_kernel).
-  const auto angle_of = [&](int64_t it) { return double(__fmul_rn(float(positions[it / heads]), inv_freq[lane])); };
-  const bool block_row = heads % kWarpsPerBlock == 0;  // every warp of the block on one row (items fill it)
-  float cos_i = 0, sin_i = 0;
-  if (block_row) {
-    if (warp == 0 && lane < rope_dim / 2) {
-      const double a = angle_of(item);
-      row_cos[lane] = float(cos(a));
-      row_sin[lane] = float(sin(a));
-    }
-    __syncthreads();
-    if (lane < rope_dim / 2) cos_i = row_cos[lane], sin_i = row_sin[lane];
-  }
   if (item >= items) return;  // whole warps leave together
-  if (!block_row && lane < rope_dim / 2) {
-    const double a = angle_of(item);
-    cos_i = float(cos(a));
-    sin_i = float(sin(a));
-  }
   uint16_t* v = x + item * head_dim;
   uint16_t* nv = normed[warp];
-  if constexpr (kWeighted) {
-    const int chunks = head_dim / 8;
-    float total = 0;
-    for (int c0 = 0; c0 < chunks; c0 += 32) {
-      float ss = 0;
-      if (c0 + lane < chunks) {
-        const uint4 raw = reinterpret_cast<const uint4*>(v)[c0 + lane];
-        const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          const float lo = __uint_as_float(words[k] << 16), hi = __uint_as_float(words[k] & 0xffff0000u);
-          ss = fmaf(hi, hi, fmaf(lo, lo, ss));
-        }
-      }
-      total += warp_sum(ss);
-    }
-    const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(float(double(total) / double(head_dim)), eps)));
-    for (int c = lane; c < chunks; c += 32) {
-      const uint4 xv = reinterpret_cast<const uint4*>(v)[c], wv = reinterpret_cast<const uint4*>(weight)[c];
-      const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
-      uint32_t out[4];
+  const int chunks = head_dim / 8;
+  float total = 0;
+  for (int c0 = 0; c0 < chunks; c0 += 32) {
+    float ss = 0;
+    if (c0 + lane < chunks) {
+      const uint4 raw = reinterpret_cast<const uint4*>(v)[c0 + lane];
+      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
-        const float lo = __fmul_rn(__uint_as_float(ww[k] << 16), __fmul_rn(__uint_as_float(xw[k] << 16), rs));
-        const float hi = __fmul_rn(__uint_as_float(ww[k] & 0xffff0000u),
-                                   __fmul_rn(__uint_as_float(xw[k] & 0xffff0000u), rs));
-        out[k] = uint32_t(bf16_bits(lo)) | uint32_t(bf16_bits(hi)) << 16;
+        const float lo = __uint_as_float(words[k] << 16), hi = __uint_as_float(words[k] & 0xffff0000u);
+        ss = fmaf(hi, hi, fmaf(lo, lo, ss));
       }
-      reinterpret_cast<uint4*>(nv)[c] = make_uint4(out[0], out[1], out[2], out[3]);
     }
-  } else {
-    float sum = 0;
-    for (int i = lane; i < head_dim; i += 32) {
-      const float f = bf16_value(v[i]);
-      sum = __fadd_rn(sum, round_bf16_dev(__fmul_rn(f, f)));
+    total += warp_sum(ss);
+  }
+  const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(float(double(total) / double(head_dim)), eps)));
+  for (int c = lane; c < chunks; c += 32) {
+    const uint4 xv = reinterpret_cast<const uint4*>(v)[c], wv = reinterpret_cast<const uint4*>(weight)[c];
+    const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
+    uint32_t out[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k) {
+      const float lo = __fmul_rn(__uint_as_float(ww[k] << 16), __fmul_rn(__uint_as_float(xw[k] << 16), rs));
+      const float hi = __fmul_rn(__uint_as_float(ww[k] & 0xffff0000u),
+                                 __fmul_rn(__uint_as_float(xw[k] & 0xffff0000u), rs));
+      out[k] = uint32_t(bf16_bits(lo)) | uint32_t(bf16_bits(hi)) << 16;
     }
-    sum = warp_sum(sum);
-    const float mean = round_bf16_dev(__fdiv_rn(sum, float(head_dim)));
-    const float var = round_bf16_dev(__fadd_rn(mean, eps));
-    const float r = round_bf16_dev(__fdiv_rn(1.0f, __fsqrt_rn(var)));
-    for (int i = lane; i < head_dim; i += 32) nv[i] = bf16_bits(__fmul_rn(bf16_value(v[i]), r));
+    reinterpret_cast<uint4*>(nv)[c] = make_uint4(out[0], out[1], out[2], out[3]);
   }
   __syncwarp();
   const int nope = head_dim - rope_dim;
   if (lane < rope_dim / 2) {
+    // The f32 angle (torch.outer in f32), cos/sin in double rounded to f32, as the CPU (rope_kernel).
+    const double angle = double(__fmul_rn(float(positions[item / heads]), inv_freq[lane]));
+    const float c = float(cos(angle)), s = float(sin(angle));
     const float a = bf16_value(nv[nope + 2 * lane]), b = bf16_value(nv[nope + 2 * lane + 1]);
-    const float even = __fsub_rn(__fmul_rn(a, cos_i), __fmul_rn(b, sin_i));
-    const float odd = __fadd_rn(__fmul_rn(a, sin_i), __fmul_rn(b, cos_i));
+    const float even = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+    const float odd = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
     *reinterpret_cast<uint32_t*>(v + nope + 2 * lane) = uint32_t(bf16_bits(even)) | uint32_t(bf16_bits(odd)) << 16;
   }
   if (fp8_nope) {
@@ -468,7 +439,8 @@ void rope(uint16_t* x, int64_t rows, int heads, int head_dim, int rope_dim, cons
 bool norm_rope_fits(int head_dim, int rope_dim, const uint16_t* x, const uint16_t* weight, bool fp8_nope) {
   const int nope = head_dim - rope_dim;
   return head_dim > 0 && head_dim <= kMaxNormRopeDim && head_dim % 8 == 0 && rope_dim > 0 && rope_dim % 2 == 0 &&
-         rope_dim / 2 <= kMaxNormRopePairs && nope >= 0 && (!fp8_nope || nope % 64 == 0) && aligned(x, 16) && (!weight || aligned(weight, 16));
+         rope_dim / 2 <= kMaxNormRopePairs && nope >= 0 && (!fp8_nope || nope % 64 == 0) && aligned(x, 16) &&
+         weight && aligned(weight, 16);
 }
 
 void norm_rope(uint16_t* x, int64_t rows, int heads, int head_dim, const uint16_t* weight, float eps, int rope_dim,
@@ -478,13 +450,8 @@ void norm_rope(uint16_t* x, int64_t rows, int heads, int head_dim, const uint16_
          fp8_nope ? ", fp8 on the rest" : "");
   if (rows <= 0) return;
   const int64_t items = rows * heads;
-  const dim3 grid = warp_item_grid(items, "norm_rope");
-  if (weight)
-    launch_programmatic(norm_rope_kernel<true>, grid, dim3(kBlockThreads), 0, stream, x, items, heads, head_dim, weight,
-                        eps, rope_dim, positions, inv_freq, fp8_nope);
-  else
-    launch_programmatic(norm_rope_kernel<false>, grid, dim3(kBlockThreads), 0, stream, x, items, heads, head_dim,
-                        weight, eps, rope_dim, positions, inv_freq, fp8_nope);
+  launch_programmatic(norm_rope_kernel, warp_item_grid(items, "norm_rope"), dim3(kBlockThreads), 0, stream, x, items,
+                      heads, head_dim, weight, eps, rope_dim, positions, inv_freq, fp8_nope);
 }
 
 void fp8_simulate(uint16_t* x, int64_t rows, int row_width, int channels, cudaStream_t stream) {
