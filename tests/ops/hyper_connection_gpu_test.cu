@@ -135,25 +135,35 @@ struct HcPreResult {
   std::vector<float> post, comb;
 };
 
+// The mix kernels' inputs on the device: X, fn, base, scale, and the norm when given one.
+struct DeviceMixInputs {
+  DeviceBuffer<uint16_t> X, norm;
+  DeviceBuffer<float> fn, base, scale;
+  DeviceMixInputs(const std::vector<uint16_t>& x, const HcWeights& w, const std::vector<uint16_t>* n, int D,
+                  cudaStream_t stream)
+      : X(x.size()), norm(static_cast<size_t>(D)), fn(w.fn.size()), base(w.base.size()), scale(w.scale.size()) {
+    X.upload(x, stream);
+    fn.upload(w.fn, stream);
+    base.upload(w.base, stream);
+    scale.upload(w.scale, stream);
+    if (n) norm.upload(*n, stream);
+  }
+};
+
 // hc_pre on the GPU (with a norm when given one); every output and the scratch poisoned first.
 HcPreResult gpu_hc_pre(const std::vector<uint16_t>& X, int64_t T, int hc, int D, const HcWeights& w, int iters,
                        const std::vector<uint16_t>* norm = nullptr) {
   Stream stream;
-  DeviceBuffer<uint16_t> d_X(X.size()), d_out(size_t(T * D)), d_norm(static_cast<size_t>(D));
-  if (norm) d_norm.upload(*norm, stream.get());
-  DeviceBuffer<float> d_fn(w.fn.size()), d_base(w.base.size()), d_scale(w.scale.size());
+  DeviceMixInputs in(X, w, norm, D, stream.get());
+  DeviceBuffer<uint16_t> d_out(size_t(T * D));
   DeviceBuffer<float> d_post(size_t(T * hc)), d_comb(size_t(T * hc * hc));
   DeviceBuffer<float> d_partials(size_t(hc_mix_scratch_floats(T, hc, D, false)));
-  d_X.upload(X, stream.get());
-  d_fn.upload(w.fn, stream.get());
-  d_base.upload(w.base, stream.get());
-  d_scale.upload(w.scale, stream.get());
   d_out.fill_bytes(0xff, stream.get());
   d_post.fill_bytes(0xff, stream.get());
   d_comb.fill_bytes(0xff, stream.get());
   d_partials.fill_bytes(0xff, stream.get());
-  hc_pre(d_X.get(), T, hc, D, d_fn.get(), d_base.get(), d_scale.get(), iters, kNormEps, kHcEps, d_partials.get(),
-         norm ? d_norm.get() : nullptr, d_out.get(), d_post.get(), d_comb.get(), stream.get());
+  hc_pre(in.X.get(), T, hc, D, in.fn.get(), in.base.get(), in.scale.get(), iters, kNormEps, kHcEps, d_partials.get(),
+         norm ? in.norm.get() : nullptr, d_out.get(), d_post.get(), d_comb.get(), stream.get());
   DSV4_CUDA_CHECK_LAUNCH();
   return {d_out.download(stream.get()), d_post.download(stream.get()), d_comb.download(stream.get())};
 }
@@ -225,18 +235,13 @@ TEST(HyperConnectionPre, MatchesCpu) {
 std::vector<uint16_t> gpu_hc_head(const std::vector<uint16_t>& X, int64_t T, int hc, int D, const HcWeights& w,
                                   const std::vector<uint16_t>* norm = nullptr) {
   Stream stream;
-  DeviceBuffer<uint16_t> d_X(X.size()), d_out(size_t(T * D)), d_norm(static_cast<size_t>(D));
-  if (norm) d_norm.upload(*norm, stream.get());
-  DeviceBuffer<float> d_fn(w.fn.size()), d_base(w.base.size()), d_scale(w.scale.size());
-  d_X.upload(X, stream.get());
-  d_fn.upload(w.fn, stream.get());
-  d_base.upload(w.base, stream.get());
-  d_scale.upload(w.scale, stream.get());
+  DeviceMixInputs in(X, w, norm, D, stream.get());
+  DeviceBuffer<uint16_t> d_out(size_t(T * D));
   DeviceBuffer<float> d_partials(size_t(hc_mix_scratch_floats(T, hc, D, true)));
   d_out.fill_bytes(0xff, stream.get());
   d_partials.fill_bytes(0xff, stream.get());
-  hc_head(d_X.get(), T, hc, D, d_fn.get(), d_base.get(), d_scale.get(), kNormEps, kHcEps, d_partials.get(),
-          norm ? d_norm.get() : nullptr, d_out.get(), stream.get());
+  hc_head(in.X.get(), T, hc, D, in.fn.get(), in.base.get(), in.scale.get(), kNormEps, kHcEps, d_partials.get(),
+          norm ? in.norm.get() : nullptr, d_out.get(), stream.get());
   DSV4_CUDA_CHECK_LAUNCH();
   return d_out.download(stream.get());
 }

@@ -190,10 +190,6 @@ __device__ __forceinline__ float slice_sum(const float* token_partials, int slic
   return warp_sum(s);
 }
 
-// rs as hc_mixes: the CPU divides its double sum by the width in double, rounds to f32.
-__device__ __forceinline__ float mix_rs(float sum_sq, int width, float norm_eps) {
-  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(float(double(sum_sq) / double(width)), norm_eps)));
-}
 
 // x_in = bf(Σ_j pre[j]·X[j]) of one token, accumulated from 0 in stream order as the CPU; 4 channels
 // a thread, the block being the part-th of blocks_per_token.
@@ -237,26 +233,14 @@ __device__ __forceinline__ void x_in_normed(const uint16_t* xt, const float* pre
     }
     uint32_t packed[4];
 #pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      packed[k] = uint32_t(bf16_bits(a[2 * k])) | uint32_t(bf16_bits(a[2 * k + 1])) << 16;
-      const float lo = __uint_as_float(packed[k] << 16), hi = __uint_as_float(packed[k] & 0xffff0000u);
-      ss = fmaf(hi, hi, fmaf(lo, lo, ss));
-    }
-    x_in[c] = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    for (int k = 0; k < 4; ++k) packed[k] = uint32_t(bf16_bits(a[2 * k])) | uint32_t(bf16_bits(a[2 * k + 1])) << 16;
+    const uint4 chunk = make_uint4(packed[0], packed[1], packed[2], packed[3]);
+    x_in[c] = chunk;
+    ss = add_squares8(chunk, ss);
   }
-  const float rs = mix_rs(block_sum(ss), D, norm_eps);  // (block_sum's barrier also publishes x_in)
-  for (int c = threadIdx.x; c < D / 8; c += kThreads) {
-    const uint4 xv = x_in[c], wv = reinterpret_cast<const uint4*>(norm)[c];
-    const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
-    uint32_t o[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float lo = __fmul_rn(__uint_as_float(ww[k] << 16), __fmul_rn(__uint_as_float(xw[k] << 16), rs));
-      const float hi = __fmul_rn(__uint_as_float(ww[k] & 0xffff0000u), __fmul_rn(__uint_as_float(xw[k] & 0xffff0000u), rs));
-      o[k] = uint32_t(bf16_bits(lo)) | uint32_t(bf16_bits(hi)) << 16;
-    }
-    reinterpret_cast<uint4*>(yt)[c] = make_uint4(o[0], o[1], o[2], o[3]);
-  }
+  const float rs = rms_inverse(block_sum(ss), D, norm_eps);  // (block_sum's barrier also publishes x_in)
+  for (int c = threadIdx.x; c < D / 8; c += kThreads)
+    reinterpret_cast<uint4*>(yt)[c] = rms_scale8(x_in[c], reinterpret_cast<const uint4*>(norm)[c], rs);
 }
 
 // NMix = (2+HC)·HC for hc_pre (pre, post, comb), HC for hc_head (pre only). Blocks [0, T·blocks_per_token):
@@ -292,7 +276,7 @@ __global__ void __launch_bounds__(kThreads)
 #pragma unroll
         for (int j = 0; j < NV; ++j) v[j] += tp[k * NV + j];
       const float sum = warp_transpose_sum(v, lane);
-      const float rs = mix_rs(__shfl_sync(0xffffffffu, sum, NMix), width, norm_eps);
+      const float rs = rms_inverse(__shfl_sync(0xffffffffu, sum, NMix), width, norm_eps);
       if (lane < NMix) mix[warp][lane] = __fmul_rn(sum, rs);
       __syncwarp();
       token_pre_post<HC>(mix[warp], base, scale, hc_eps, lane, pre[warp], post + t * HC);
@@ -307,7 +291,7 @@ __global__ void __launch_bounds__(kThreads)
     if (lane == 0) sums[warp] = sum;
   }
   __syncthreads();
-  if (threadIdx.x < HC) mix[0][threadIdx.x] = __fmul_rn(sums[threadIdx.x], mix_rs(sums[HC], width, norm_eps));
+  if (threadIdx.x < HC) mix[0][threadIdx.x] = __fmul_rn(sums[threadIdx.x], rms_inverse(sums[HC], width, norm_eps));
   __syncwarp();
   if (warp == 0) token_pre_post<HC>(mix[0], base, scale, hc_eps, lane, pre[0], nullptr);
   __syncthreads();

@@ -40,6 +40,33 @@ __device__ __forceinline__ float warp_sum(float v) {
   for (int o = 16; o; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
   return v;
 }
+// rms_norm's steps on a chunk of 8 bf16 channels (a uint4), for every kernel that applies it: the
+// squares added to ss in channel order; 1 / sqrt(mean + eps) as the CPU (its double sum divided by n
+// in double, rounded to f32); the scaled, weighted chunk bf16(w · (x · rs)).
+__device__ __forceinline__ float add_squares8(const uint4& x, float ss) {
+  const uint32_t words[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float lo = __uint_as_float(words[k] << 16), hi = __uint_as_float(words[k] & 0xffff0000u);
+    ss = fmaf(hi, hi, fmaf(lo, lo, ss));
+  }
+  return ss;
+}
+__device__ __forceinline__ float rms_inverse(float sum_sq, int n, float eps) {
+  return __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(float(double(sum_sq) / double(n)), eps)));
+}
+__device__ __forceinline__ uint4 rms_scale8(const uint4& x, const uint4& w, float rs) {
+  const uint32_t xw[4] = {x.x, x.y, x.z, x.w}, ww[4] = {w.x, w.y, w.z, w.w};
+  uint32_t out[4];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) {
+    const float lo = __fmul_rn(__uint_as_float(ww[k] << 16), __fmul_rn(__uint_as_float(xw[k] << 16), rs));
+    const float hi = __fmul_rn(__uint_as_float(ww[k] & 0xffff0000u), __fmul_rn(__uint_as_float(xw[k] & 0xffff0000u), rs));
+    out[k] = uint32_t(bf16_bits(lo)) | uint32_t(bf16_bits(hi)) << 16;
+  }
+  return make_uint4(out[0], out[1], out[2], out[3]);
+}
+
 // Sum over the block (blockDim.x a multiple of 32), once per kernel; every thread gets the same value
 // because every thread adds the per-warp sums in the same order.
 __device__ __forceinline__ float block_sum(float v) {

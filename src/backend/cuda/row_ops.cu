@@ -96,34 +96,17 @@ __global__ void __launch_bounds__(kBlockThreads) rms_norm_kernel(const uint16_t*
   float ss = 0;
   for (int i = threadIdx.x * step; i < n; i += blockDim.x * step) {
     if (vec8) {
-      const uint4 raw = *reinterpret_cast<const uint4*>(xr + i);
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float lo = __uint_as_float(words[k] << 16), hi = __uint_as_float(words[k] & 0xffff0000u);
-        ss = fmaf(hi, hi, fmaf(lo, lo, ss));
-      }
+      ss = add_squares8(*reinterpret_cast<const uint4*>(xr + i), ss);
     } else {
       const float v = bf16_value(xr[i]);
       ss = fmaf(v, v, ss);
     }
   }
-  ss = block_sum(ss);
-  // The CPU divides its double sum by n in double, then rounds to f32.
-  const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(float(double(ss) / double(n)), eps)));
+  const float rs = rms_inverse(block_sum(ss), n, eps);
   for (int i = threadIdx.x * step; i < n; i += blockDim.x * step) {
     if (vec8) {
-      const uint4 xv = *reinterpret_cast<const uint4*>(xr + i), wv = *reinterpret_cast<const uint4*>(weight + i);
-      const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
-      uint32_t out[4];
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float lo = __fmul_rn(__uint_as_float(ww[k] << 16), __fmul_rn(__uint_as_float(xw[k] << 16), rs));
-        const float hi = __fmul_rn(__uint_as_float(ww[k] & 0xffff0000u),
-                                   __fmul_rn(__uint_as_float(xw[k] & 0xffff0000u), rs));
-        out[k] = uint32_t(bf16_bits(lo)) | uint32_t(bf16_bits(hi)) << 16;
-      }
-      *reinterpret_cast<uint4*>(yr + i) = make_uint4(out[0], out[1], out[2], out[3]);
+      *reinterpret_cast<uint4*>(yr + i) =
+          rms_scale8(*reinterpret_cast<const uint4*>(xr + i), *reinterpret_cast<const uint4*>(weight + i), rs);
     } else {
       yr[i] = bf16_bits(__fmul_rn(bf16_value(weight[i]), __fmul_rn(bf16_value(xr[i]), rs)));
     }
@@ -208,32 +191,13 @@ __global__ void __launch_bounds__(kBlockThreads)
   const int chunks = head_dim / 8;
   float total = 0;
   for (int c0 = 0; c0 < chunks; c0 += 32) {
-    float ss = 0;
-    if (c0 + lane < chunks) {
-      const uint4 raw = reinterpret_cast<const uint4*>(v)[c0 + lane];
-      const uint32_t words[4] = {raw.x, raw.y, raw.z, raw.w};
-#pragma unroll
-      for (int k = 0; k < 4; ++k) {
-        const float lo = __uint_as_float(words[k] << 16), hi = __uint_as_float(words[k] & 0xffff0000u);
-        ss = fmaf(hi, hi, fmaf(lo, lo, ss));
-      }
-    }
+    const float ss = c0 + lane < chunks ? add_squares8(reinterpret_cast<const uint4*>(v)[c0 + lane], 0.f) : 0.f;
     total += warp_sum(ss);
   }
-  const float rs = __fdiv_rn(1.0f, __fsqrt_rn(__fadd_rn(float(double(total) / double(head_dim)), eps)));
-  for (int c = lane; c < chunks; c += 32) {
-    const uint4 xv = reinterpret_cast<const uint4*>(v)[c], wv = reinterpret_cast<const uint4*>(weight)[c];
-    const uint32_t xw[4] = {xv.x, xv.y, xv.z, xv.w}, ww[4] = {wv.x, wv.y, wv.z, wv.w};
-    uint32_t out[4];
-#pragma unroll
-    for (int k = 0; k < 4; ++k) {
-      const float lo = __fmul_rn(__uint_as_float(ww[k] << 16), __fmul_rn(__uint_as_float(xw[k] << 16), rs));
-      const float hi = __fmul_rn(__uint_as_float(ww[k] & 0xffff0000u),
-                                 __fmul_rn(__uint_as_float(xw[k] & 0xffff0000u), rs));
-      out[k] = uint32_t(bf16_bits(lo)) | uint32_t(bf16_bits(hi)) << 16;
-    }
-    reinterpret_cast<uint4*>(nv)[c] = make_uint4(out[0], out[1], out[2], out[3]);
-  }
+  const float rs = rms_inverse(total, head_dim, eps);
+  for (int c = lane; c < chunks; c += 32)
+    reinterpret_cast<uint4*>(nv)[c] =
+        rms_scale8(reinterpret_cast<const uint4*>(v)[c], reinterpret_cast<const uint4*>(weight)[c], rs);
   __syncwarp();
   const int nope = head_dim - rope_dim;
   if (lane < rope_dim / 2) {
