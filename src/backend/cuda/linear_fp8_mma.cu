@@ -29,7 +29,9 @@
 // wo_b at 1–16 rows (a fixed ~5 µs of the call is the quantisation launch and ramp), then limited by
 // latency at 4 tiles (one block per SM): cuBLASLt wins from 64 rows. Feeding the activations as f16
 // codes (no conversion per column tile) was slower at every row count: the conversion is not the
-// limiter.
+// limiter; nor is the weights' depth in flight (two blocks a warp changed nothing). At 16 rows wq_b
+// and wo_b take 17–18 µs alone with L2 traffic ~3× their DRAM bytes — each warp re-reads its K range
+// of the activation rows (docs/perf/2026-12-03-step-fusions.md): staging them once per block is next.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
