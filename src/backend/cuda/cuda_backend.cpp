@@ -269,7 +269,7 @@ void CudaBackend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight, flo
                             const Tensor& positions, const RopeTable& table, bool fp8_nope) {
   const int64_t rows = x.rows();
   if (!rows) return;
-  if (!weight || !cuda::norm_rope_fits(head_dim, rope_dim, x.ptr<uint16_t>(), weight, fp8_nope))
+  if (!cuda::norm_rope_fits(head_dim, rope_dim, x.ptr<uint16_t>(), weight, fp8_nope))
     return Backend::norm_rope(x, head_dim, weight, eps, rope_dim, positions, table, fp8_nope);
   DSV4_CHECK(positions.numel() == rows && positions.dtype == DType::I32, "norm_rope: {} positions for {} rows",
              positions.numel(), rows);
@@ -449,7 +449,7 @@ Tensor CudaBackend::hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mu
   *post = alloc(DType::F32, {T, hc_mult});
   *comb = alloc(DType::F32, {T, hc_mult, hc_mult});
   if (!T) return out;
-  const bool fused = norm && cuda::hc_norm_fits(int(D), out.ptr<uint16_t>(), norm);
+  const bool fused = norm && cuda::hc_norm_fits(int(D), X.ptr<uint16_t>(), out.ptr<uint16_t>(), norm);
   Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), false)});
   cuda::hc_pre(X.ptr<uint16_t>(), T, hc_mult, int(D), hc.fn, hc.base, hc.scale, iters, norm_eps, hc_eps,
                partials.ptr<float>(), fused ? norm : nullptr, out.ptr<uint16_t>(), post->ptr<float>(),
@@ -473,7 +473,7 @@ Tensor CudaBackend::hc_head(const Tensor& X, const HyperConnection& hc, int hc_m
   const int64_t D = X.numel() / std::max<int64_t>(T, 1) / hc_mult;
   Tensor out = alloc(DType::BF16, {T, D});
   if (!T) return out;
-  const bool fused = norm && cuda::hc_norm_fits(int(D), out.ptr<uint16_t>(), norm);
+  const bool fused = norm && cuda::hc_norm_fits(int(D), X.ptr<uint16_t>(), out.ptr<uint16_t>(), norm);
   Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), true)});
   cuda::hc_head(X.ptr<uint16_t>(), T, hc_mult, int(D), hc.fn, hc.base, hc.scale, norm_eps, hc_eps,
                 partials.ptr<float>(), fused ? norm : nullptr, out.ptr<uint16_t>(), stream());

@@ -368,7 +368,7 @@ template <int HC, int NMix>
 void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const float* base, const float* scale,
                    int iters, float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
                    float* post, float* comb, cudaStream_t stream) {
-  if (norm && !hc_norm_fits(D, out, norm)) fail("hc mixes: a norm over D {} does not fit the finishing block", D);
+  if (norm && !hc_norm_fits(D, X, out, norm)) fail("hc mixes: a norm over D {} does not fit the finishing block", D);
   const int slices = hc_slices(HC, D), blocks_per_token = hc_blocks_per_token(T, D, norm);
   const int groups_per_block = hc_groups_per_block(T);
   const int64_t per_block = int64_t(kWarps) * kTileTokens * groups_per_block;
@@ -392,9 +392,9 @@ void launch_hc_post(const uint16_t* y, const uint16_t* X, const float* post, con
 
 }  // namespace
 
-bool hc_norm_fits(int D, const uint16_t* out, const uint16_t* norm) {
+bool hc_norm_fits(int D, const uint16_t* X, const uint16_t* out, const uint16_t* norm) {
   const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
-  return D > 0 && D % 8 == 0 && D <= kMaxNormWidth && aligned16(out) && aligned16(norm);
+  return D > 0 && D % 8 == 0 && D <= kMaxNormWidth && aligned16(X) && aligned16(out) && aligned16(norm);
 }
 
 int64_t hc_mix_scratch_floats(int64_t T, int hc, int D, bool head) {

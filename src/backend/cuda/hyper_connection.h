@@ -18,8 +18,8 @@ namespace dsv4::cuda {
 int64_t hc_mix_scratch_floats(int64_t T, int hc, int D, bool head);
 
 // Whether hc_pre / hc_head can apply a norm to their output themselves: D a multiple of 8 up to
-// 8192, out and norm 16-byte aligned.
-bool hc_norm_fits(int D, const uint16_t* out, const uint16_t* norm);
+// 8192, X, out and norm 16-byte aligned (the finishing block reads X 8 channels at a time).
+bool hc_norm_fits(int D, const uint16_t* X, const uint16_t* out, const uint16_t* norm);
 
 // CpuBackend::hc_pre. X bf16 [T, hc, D]; fn f32 [(2+hc)·hc, hc·D]; base f32 [(2+hc)·hc]; scale f32 [3].
 // partials: hc_mix_scratch_floats(T, hc, D, false) floats. out bf16 [T, D]; post f32 [T, hc]; comb f32

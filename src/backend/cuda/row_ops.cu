@@ -23,11 +23,7 @@ constexpr int kWarpsPerBlock = kBlockThreads / 32;  // warp-per-item kernels
 constexpr int kMaxRopePairs = 256;            // rope_dim ≤ 512
 constexpr unsigned kFullMask = 0xffffffffu;
 
-
 __device__ __forceinline__ float round_bf16_dev(float f) { return bf16_value(bf16_bits(f)); }
-
-
-
 
 // core/dtypes.h e4m3_to_f32 for the finite codes (the clamp before encoding excludes NaN).
 __device__ __forceinline__ float e4m3_value(uint8_t code) {
