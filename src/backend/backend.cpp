@@ -21,6 +21,13 @@ void Backend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight, float e
   if (fp8_nope) fp8_simulate(x, head_dim, head_dim - rope_dim);
 }
 
+std::vector<Tensor> Backend::linears(const Tensor& x, const std::vector<const LinearWeight*>& ws) {
+  std::vector<Tensor> out;
+  out.reserve(ws.size());
+  for (const LinearWeight* w : ws) out.push_back(linear(x, *w));
+  return out;
+}
+
 int Backend::mark() {
   const auto now = std::chrono::steady_clock::now().time_since_epoch();
   host_marks_ms_.push_back(std::chrono::duration<double, std::milli>(now).count());

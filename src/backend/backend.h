@@ -184,6 +184,10 @@ class Backend {
 
   // Linears.
   virtual Tensor linear(const Tensor& x, const LinearWeight& w) = 0;                    // bf16 out, reference numerics per format
+  // linear(x, *w) for each weight, in order: the values of those calls (the default makes them; a
+  // backend may quantise x once and run the weights together). Attention's wq_a and wkv, the shared
+  // expert's w1 and w3.
+  virtual std::vector<Tensor> linears(const Tensor& x, const std::vector<const LinearWeight*>& ws);
   virtual Tensor linear_bf16(const Tensor& x, const uint16_t* w, int out, int in) = 0;  // bf16 x·Wᵀ, f32 accumulate → bf16
   virtual Tensor linear_f32(const Tensor& x, const uint16_t* w, int out, int in) = 0;   // f32(x)·f32(W)ᵀ → f32
   virtual Tensor grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) = 0;  // [T,H·d] → [T,groups·rank]

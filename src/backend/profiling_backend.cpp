@@ -162,6 +162,18 @@ Tensor ProfilingBackend::linear(const Tensor& x, const LinearWeight& w) {
   return timed("linear " + weight_label(w.name), weights_and(linear_weight_bytes(w), bytes(x), 2 * rows(x) * w.out * w.in),
                [&] { return inner_->linear(x, w); });
 }
+std::vector<Tensor> ProfilingBackend::linears(const Tensor& x, const std::vector<const LinearWeight*>& ws) {
+  if (!on_) return inner_->linears(x, ws);
+  std::string label = "linears";
+  double weights = 0, out = 0, flops = 0;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    label += (i ? " + " : " ") + weight_label(ws[i]->name);
+    weights += linear_weight_bytes(*ws[i]);
+    out += 2 * rows(x) * ws[i]->out;  // bf16 results
+    flops += 2 * rows(x) * ws[i]->out * ws[i]->in;
+  }
+  return timed(label, weights_and(weights, bytes(x) + out, flops), [&] { return inner_->linears(x, ws); });
+}
 Tensor ProfilingBackend::linear_bf16(const Tensor& x, const uint16_t* w, int out, int in) {
   if (!on_) return inner_->linear_bf16(x, w, out, in);
   return timed("linear_bf16 " + std::to_string(out) + "x" + std::to_string(in),

@@ -80,6 +80,7 @@ class ProfilingBackend final : public Backend {
   Tensor scale(const Tensor& x, float s) override;
 
   Tensor linear(const Tensor& x, const LinearWeight& w) override;
+  std::vector<Tensor> linears(const Tensor& x, const std::vector<const LinearWeight*>& ws) override;
   Tensor linear_bf16(const Tensor& x, const uint16_t* w, int out, int in) override;
   Tensor linear_f32(const Tensor& x, const uint16_t* w, int out, int in) override;
   Tensor grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) override;

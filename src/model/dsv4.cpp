@@ -589,12 +589,13 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   const Tensor& positions = plan.tables.positions;
   EntryPool& kv_pool = lp.caches->kv.pool();
 
-  Tensor qr = backend_.rms_norm(backend_.linear(x, w.wq_a), w.q_norm, eps);
+  std::vector<Tensor> qa_kv = backend_.linears(x, {&w.wq_a, &w.wkv});
+  Tensor qr = backend_.rms_norm(qa_kv[0], w.q_norm, eps);
   Tensor q = view(backend_.linear(qr, w.wq_b), {T, H, hd});
   backend_.head_rms_norm(q, hd, eps);
   backend_.rope(q, hd, c.rope_dim, positions, rope, false);
   emit("q", l, q);
-  Tensor kv = backend_.linear(x, w.wkv);
+  Tensor kv = std::move(qa_kv[1]);
   backend_.norm_rope(kv, hd, w.kv_norm, eps, c.rope_dim, positions, rope, true);
   emit("kv", l, kv);
 

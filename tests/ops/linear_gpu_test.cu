@@ -392,6 +392,52 @@ TEST(LinearFp8Block, RowsDoNotDependOnTheBatch) {
   }
 }
 
+// Several weights of one input in one launch (linear_fp8_block_quantised): each output has the bits
+// of linear_fp8_block with that weight alone, outputs poisoned first, at every tile count, with
+// narrow and wide weights (their K splits differ) and the f32 sums of linear_partial.
+TEST(LinearFp8Block, SeveralWeightsOfOneInput) {
+  const int K = 2048;
+  const std::vector<int> widths = {1000, 136, 4096};
+  std::uniform_int_distribution<int> code(0, 126), sbyte(118, 134);
+  Stream stream;
+  std::vector<DeviceBuffer<uint8_t>> d_w, d_ws;
+  for (int N : widths) {
+    std::vector<uint8_t> w(size_t(N) * K), ws(size_t((N + 127) / 128) * (K / 128));
+    for (auto& b : w) b = uint8_t(code(rng()));
+    for (auto& b : ws) b = uint8_t(sbyte(rng()));
+    d_w.emplace_back(w.size());
+    d_ws.emplace_back(ws.size());
+    d_w.back().upload(w, stream.get());
+    d_ws.back().upload(ws, stream.get());
+  }
+  for (int64_t rows : {1, 5, 16, 40, 70}) {
+    for (bool f32 : {false, true}) {
+      const std::vector<uint16_t> x = random_bf16(rows, K);
+      DeviceBuffer<uint16_t> d_x(x.size());
+      DeviceBuffer<uint8_t> d_q(size_t(rows) * K);
+      DeviceBuffer<float> d_s(size_t(rows) * (K / 128));
+      d_x.upload(x, stream.get());
+      const size_t elem = f32 ? 4 : 2;
+      std::vector<DeviceBuffer<uint8_t>> alone, together;
+      std::vector<Fp8LinearOut> outs;
+      for (size_t i = 0; i < widths.size(); ++i) {
+        const size_t n = size_t(rows) * widths[i] * elem;
+        alone.emplace_back(n);
+        together.emplace_back(n);
+        alone.back().fill_bytes(0xff, stream.get());
+        together.back().fill_bytes(0xff, stream.get());
+        linear_fp8_block(d_x.get(), rows, K, d_w[i].get(), d_ws[i].get(), widths[i], d_q.get(), d_s.get(),
+                         alone.back().get(), stream.get(), f32);
+        outs.push_back({d_w[i].get(), d_ws[i].get(), widths[i], together.back().get()});
+      }
+      linear_fp8_block_quantised(d_q.get(), d_s.get(), rows, K, outs.data(), int(outs.size()), stream.get(), f32);
+      for (size_t i = 0; i < widths.size(); ++i)
+        EXPECT_EQ(together[i].download(stream.get()), alone[i].download(stream.get()))
+            << "weight " << i << " (N " << widths[i] << "), " << rows << " rows" << (f32 ? ", f32 sums" : "");
+    }
+  }
+}
+
 TEST(LinearBf16w, FixtureShapes) {
   for (int64_t rows : {1, 4, 33, 300}) {
     check_bf16w(Bf16Op::LinearF32FromBf16, rows, 1024, 128);  // head (logits), compressor wkv / wgate
@@ -599,6 +645,42 @@ void check_backend_choice(const char* env, int64_t rows, bool want_fp8_gemm, boo
   size_t rounding_differs = 0;
   for (size_t i = 0; i < want_p.size(); ++i) rounding_differs += f32_to_bf16(want_p[i]) != want8[i];
   EXPECT_EQ(rounding_differs, 0u) << "bf16(partial) vs linear, " << what << ", " << rows << " rows";
+}
+
+// CudaBackend::linears: each result has the bits of CudaBackend::linear with that weight, whichever
+// path each weight takes (the wide weight reaches cuBLASLt at fewer rows than the narrow ones).
+TEST(CudaBackendLinears, SameBitsAsEachLinear) {
+  for (const char* env : {"auto", "kernel", "cublaslt"}) {
+    EnvPath set(env);
+    CudaBackend be;
+    const int K = 2048;
+    const std::vector<int> widths = {4096, 1000, 136};
+    std::uniform_int_distribution<int> code(0, 126), sbyte(120, 130);
+    std::vector<LinearWeight> lw(widths.size());
+    for (size_t i = 0; i < widths.size(); ++i) {
+      std::vector<uint8_t> w(size_t(widths[i]) * K), ws(size_t((widths[i] + 127) / 128) * (K / 128));
+      for (auto& b : w) b = uint8_t(code(rng()));
+      for (auto& b : ws) b = uint8_t(sbyte(rng()));
+      lw[i].name = "test.linears." + std::to_string(i);
+      lw[i].format = WeightFormat::FP8_BLOCK;
+      lw[i].out = widths[i];
+      lw[i].in = K;
+      lw[i].w = static_cast<const uint8_t*>(be.place_weight(w.data(), w.size()));
+      lw[i].scale = static_cast<const uint8_t*>(be.place_weight(ws.data(), ws.size()));
+    }
+    ASSERT_GE(fp8_gemm_min_rows(widths[0], K), kFp8GemmMinRowsLarge);
+    for (int64_t rows : {int64_t(1), int64_t(16), kFp8GemmMinRowsLarge + 3, kFp8GemmMinRows + 5}) {
+      const std::vector<uint16_t> x = random_bf16(rows, K);
+      Tensor xt = be.from_host(DType::BF16, {rows, K}, x.data());
+      const std::vector<Tensor> got = be.linears(xt, {&lw[0], &lw[1], &lw[2]});
+      ASSERT_EQ(got.size(), widths.size());
+      for (size_t i = 0; i < widths.size(); ++i) {
+        EXPECT_EQ(got[i].shape, (std::vector<int64_t>{rows, widths[i]}));
+        EXPECT_EQ(tensor_to_host<uint16_t>(be, got[i]), tensor_to_host<uint16_t>(be, be.linear(xt, lw[i])))
+            << "weight " << i << " (N " << widths[i] << "), " << rows << " rows, DSV4_LINEAR_PATH=" << env;
+      }
+    }
+  }
 }
 
 TEST(CudaBackendLinearPath, ForcedAndAuto) {

@@ -313,30 +313,60 @@ Tensor CudaBackend::linear(const Tensor& x, const LinearWeight& w) { return line
 Tensor CudaBackend::linear_partial(const Tensor& x, const LinearWeight& w) { return linear_out(x, w, true); }
 
 Tensor CudaBackend::linear_out(const Tensor& x, const LinearWeight& w, bool f32) {
-  const int64_t rows = x.rows();
-  DSV4_CHECK(x.numel() == rows * w.in, "linear {}: input has {} values per row, weight expects {}", w.name,
-             x.numel() / std::max<int64_t>(rows, 1), w.in);
   if (w.format == WeightFormat::BF16) {
+    const int64_t rows = x.rows();
+    DSV4_CHECK(x.numel() == rows * w.in, "linear {}: input has {} values per row, weight expects {}", w.name,
+               x.numel() / std::max<int64_t>(rows, 1), w.in);
     const auto* wb = reinterpret_cast<const uint16_t*>(w.w);
     return f32 ? linear_f32(x, wb, w.out, w.in) : linear_bf16(x, wb, w.out, w.in);
   }
-  DSV4_CHECK(w.format == WeightFormat::FP8_BLOCK, "linear {}: {} weights run through moe_experts", w.name,
-             weight_format_name(w.format));
-  DSV4_CHECK(w.in % 128 == 0, "linear {}: input width {} is not a multiple of 128", w.name, w.in);
-  Tensor out = alloc(f32 ? DType::F32 : DType::BF16, {rows, w.out});
-  if (!rows) return out;
-  Tensor q = alloc(DType::U8, {rows, w.in});
-  Tensor s = alloc(DType::F32, {rows, w.in / 128});
-  if (gemm_ && linear_path_uses_gemm(linear_mode_, rows, fp8_gemm_min_rows(w.out, w.in)) &&
-      gemm_->fp8_via_bf16_available(rows, w.in, w.out, f32)) {
-    // Both operands as their exact bf16 values, one bf16 GEMM (linear_gemm.h).
-    Tensor xb = alloc(DType::BF16, {rows, w.in}), wb = alloc(DType::BF16, {w.out, w.in});
-    gemm_->fp8_via_bf16(x.ptr<uint16_t>(), rows, w.in, w.w, w.scale, w.out, q.ptr<uint8_t>(), s.ptr<float>(),
-                        xb.ptr<uint16_t>(), wb.ptr<uint16_t>(), out.data, stream(), f32);
-    return out;
+  return fp8_linears(x, {&w}, f32)[0];
+}
+
+std::vector<Tensor> CudaBackend::linears(const Tensor& x, const std::vector<const LinearWeight*>& ws) {
+  bool together = !ws.empty() && ws.size() <= size_t(kMaxFp8LinearOuts);
+  for (const LinearWeight* w : ws) together = together && w->format == WeightFormat::FP8_BLOCK && w->in == ws[0]->in;
+  return together ? fp8_linears(x, ws, false) : Backend::linears(x, ws);
+}
+
+std::vector<Tensor> CudaBackend::fp8_linears(const Tensor& x, const std::vector<const LinearWeight*>& ws, bool f32) {
+  const int64_t rows = x.rows();
+  const int K = ws.at(0)->in;
+  std::vector<Tensor> out;
+  for (const LinearWeight* w : ws) {
+    DSV4_CHECK(x.numel() == rows * w->in, "linear {}: input has {} values per row, weight expects {}", w->name,
+               x.numel() / std::max<int64_t>(rows, 1), w->in);
+    DSV4_CHECK(w->format == WeightFormat::FP8_BLOCK, "linear {}: {} weights run through moe_experts", w->name,
+               weight_format_name(w->format));
+    DSV4_CHECK(w->in % 128 == 0, "linear {}: input width {} is not a multiple of 128", w->name, w->in);
+    out.push_back(alloc(f32 ? DType::F32 : DType::BF16, {rows, w->out}));
   }
-  linear_fp8_block(x.ptr<uint16_t>(), rows, w.in, w.w, w.scale, w.out, q.ptr<uint8_t>(), s.ptr<float>(), out.data,
-                   stream(), f32);
+  if (!rows) return out;
+  Tensor q = alloc(DType::U8, {rows, K});
+  Tensor s = alloc(DType::F32, {rows, K / 128});
+  act_quant_fp8(x.ptr<uint16_t>(), int(rows), K, q.ptr<uint8_t>(), s.ptr<float>(), stream());
+  DSV4_CUDA_CHECK_LAUNCH();
+  Tensor xb;  // the exact bf16 values of the quantised x, made once for the weights that run as GEMMs
+  std::vector<Fp8LinearOut> kernel_outs;
+  for (size_t i = 0; i < ws.size(); ++i) {
+    const LinearWeight& w = *ws[i];
+    if (gemm_ && linear_path_uses_gemm(linear_mode_, rows, fp8_gemm_min_rows(w.out, w.in)) &&
+        gemm_->fp8_via_bf16_available(rows, w.in, w.out, f32)) {
+      // Both operands as their exact bf16 values, one bf16 GEMM (linear_gemm.h).
+      if (!xb.data) {
+        xb = alloc(DType::BF16, {rows, K});
+        fp8_rows_to_bf16(q.ptr<uint8_t>(), s.ptr<float>(), rows, K, xb.ptr<uint16_t>(), stream());
+      }
+      Tensor wb = alloc(DType::BF16, {w.out, w.in});
+      gemm_->fp8_weight_via_bf16(xb.ptr<uint16_t>(), rows, K, w.w, w.scale, w.out, wb.ptr<uint16_t>(), out[i].data,
+                                 stream(), f32);
+    } else {
+      kernel_outs.push_back({w.w, w.scale, w.out, out[i].data});
+    }
+  }
+  if (!kernel_outs.empty())
+    linear_fp8_block_quantised(q.ptr<uint8_t>(), s.ptr<float>(), rows, K, kernel_outs.data(), int(kernel_outs.size()),
+                               stream(), f32);
   return out;
 }
 

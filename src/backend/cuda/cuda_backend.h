@@ -97,6 +97,7 @@ class CudaBackend final : public Backend {
   Tensor scale(const Tensor& x, float s) override;
 
   Tensor linear(const Tensor& x, const LinearWeight& w) override;
+  std::vector<Tensor> linears(const Tensor& x, const std::vector<const LinearWeight*>& ws) override;
   Tensor linear_partial(const Tensor& x, const LinearWeight& w) override;
   Tensor linear_bf16(const Tensor& x, const uint16_t* w, int out, int in) override;
   Tensor linear_f32(const Tensor& x, const uint16_t* w, int out, int in) override;
@@ -140,6 +141,10 @@ class CudaBackend final : public Backend {
   Tensor alloc_state(DType dtype, std::vector<int64_t> shape);
   SparseMlaPlan& attention_plan(int queries, int heads, int list_len);
   Tensor linear_out(const Tensor& x, const LinearWeight& w, bool f32);  // linear, or linear_partial with f32
+  // FP8_BLOCK linears of one input (same width): x quantised once; each weight on cuBLASLt or the
+  // kernel by its rows and shape, the kernel's weights in one launch. bf16 results, or with f32
+  // linear_partial's.
+  std::vector<Tensor> fp8_linears(const Tensor& x, const std::vector<const LinearWeight*>& ws, bool f32);
   // The shared expert's SwiGLU hidden (SPEC §3.7) on the FP8 linears: bf16 [T, I].
   Tensor shared_expert_hidden(const Tensor& x, const ExpertWeights& shared, float swiglu_limit);
   // The bf16-weight linears (linear_bf16w's arguments): cuBLASLt where the path mode and the rows

@@ -96,7 +96,8 @@ Routing CudaBackend::route(const Tensor& x, const MoeWeights& w, const Tensor& t
 
 Tensor CudaBackend::shared_expert_hidden(const Tensor& x, const ExpertWeights& shared, float swiglu_limit) {
   const int64_t T = x.rows();
-  Tensor g = linear(x, shared.w1), u = linear(x, shared.w3);
+  const std::vector<Tensor> gu = linears(x, {&shared.w1, &shared.w3});
+  const Tensor &g = gu[0], &u = gu[1];
   const int I = shared.w1.out;
   Tensor h = alloc(DType::BF16, {T, I});
   swiglu(g.ptr<uint16_t>(), u.ptr<uint16_t>(), T, I, swiglu_limit, nullptr, h.ptr<uint16_t>(), stream());

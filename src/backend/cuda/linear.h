@@ -23,6 +23,23 @@ namespace dsv4::cuda {
 void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
                       uint8_t* act_q, float* act_scale, void* y, cudaStream_t stream, bool y_f32 = false);
 
+// One FP8_BLOCK weight of a multi-weight launch, and where its result goes (bf16 or f32 as above).
+struct Fp8LinearOut {
+  const uint8_t* w = nullptr;
+  const uint8_t* w_scale = nullptr;
+  int N = 0;
+  void* y = nullptr;
+};
+constexpr int kMaxFp8LinearOuts = 3;
+
+// linear_fp8_block's second half for up to kMaxFp8LinearOuts weights of one input, in one launch:
+// act_q / act_scale as act_quant_fp8 wrote them for x [rows, K]. Each output has the bits
+// linear_fp8_block gives for its weight alone (a weight's work split depends on its N and K only).
+// Why: the linears that read one activation (attention's wq_a and wkv, the shared expert's w1 and
+// w3) quantise it once and fill the GPU together — at decode each alone is a few dozen blocks.
+void linear_fp8_block_quantised(const uint8_t* act_q, const float* act_scale, int64_t rows, int K,
+                                const Fp8LinearOut* outs, int n_outs, cudaStream_t stream, bool y_f32 = false);
+
 // CpuBackend::linear_bf16 / linear_f32 / grouped_out_proj / logits:
 // y[r, j] = Σ_k x[r·x_row_stride + g(j)·K + k] · w[j·K + k], g(j) = j / (N / groups).
 // x bf16 (or f32 when x_f32), w bf16 [N, K], f32 accumulation; y bf16 [rows, N] rounded once, or

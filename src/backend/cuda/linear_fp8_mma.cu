@@ -77,14 +77,38 @@ __device__ __forceinline__ void load_block(const uint8_t* row, bool ok, int kb, 
   }
 }
 
+// The weights of one launch: part i owns the column groups (grid.y) from group0[i] on.
+struct Parts {
+  const uint8_t* w[kMaxFp8LinearOuts];
+  const uint8_t* w_scale[kMaxFp8LinearOuts];
+  void* y[kMaxFp8LinearOuts];
+  int N[kMaxFp8LinearOuts], splits[kMaxFp8LinearOuts], group0[kMaxFp8LinearOuts];
+  int count;
+};
+
 template <int kTiles>
 __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
     linear_fp8_mma_kernel(const uint8_t* __restrict__ act_q, const float* __restrict__ act_scale, int64_t rows, int K,
-                          const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_scale, int N, int splits,
-                          uint16_t* __restrict__ y, float* __restrict__ y_f32) {
+                          const Parts parts, bool out_f32) {
   __shared__ float run_sum[kWarps][kTiles * 4][32];
+  // The block's part, by constant indices (a dynamic index into the parameters would copy them to
+  // local memory).
+  int p = 0;
+#pragma unroll
+  for (int i = 1; i < kMaxFp8LinearOuts; ++i)
+    if (i < parts.count && int(blockIdx.y) >= parts.group0[i]) p = i;
+  const uint8_t* __restrict__ w = parts.w[0];
+  const uint8_t* __restrict__ w_scale = parts.w_scale[0];
+  void* y_any = parts.y[0];
+  int N = parts.N[0], splits = parts.splits[0], group = int(blockIdx.y);
+#pragma unroll
+  for (int i = 1; i < kMaxFp8LinearOuts; ++i)
+    if (p == i) w = parts.w[i], w_scale = parts.w_scale[i], y_any = parts.y[i], N = parts.N[i], splits = parts.splits[i],
+                group = int(blockIdx.y) - parts.group0[i];
+  uint16_t* __restrict__ y = out_f32 ? nullptr : static_cast<uint16_t*>(y_any);
+  float* __restrict__ y_f32 = out_f32 ? static_cast<float*>(y_any) : nullptr;
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
-  const int tile = blockIdx.y * (kWarps / splits) + warp / splits, run = warp % splits;
+  const int tile = group * (kWarps / splits) + warp / splits, run = warp % splits;
   const int col0 = tile * 16, kbs = K / 128;
   const int kb_begin = run * kbs / splits, kb_end = (run + 1) * kbs / splits;
   const bool lo_ok = col0 + g < N, hi_ok = col0 + g + 8 < N;
@@ -196,14 +220,12 @@ int k_runs(int N, int K) {
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
 template <int kTiles>
-void launch(const uint8_t* act_q, const float* act_scale, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale,
-            int N, uint16_t* y, float* y_f32, cudaStream_t stream) {
-  const int splits = k_runs(N, K);
-  const int64_t tiles = (N + 15) / 16, per_block = kWarps / splits;
+void launch(const uint8_t* act_q, const float* act_scale, int64_t rows, int K, const Parts& parts, int groups,
+            bool y_f32, cudaStream_t stream) {
   // Row blocks vary fastest: the blocks of one column group run together and share its weight in L2.
-  const dim3 grid(unsigned((rows + kBlockRows - 1) / kBlockRows), unsigned((tiles + per_block - 1) / per_block));
-  launch_programmatic(linear_fp8_mma_kernel<kTiles>, grid, dim3(kWarps * 32), 0, stream, act_q, act_scale, rows, K, w,
-                      w_scale, N, splits, y, y_f32);
+  const dim3 grid(unsigned((rows + kBlockRows - 1) / kBlockRows), unsigned(groups));
+  launch_programmatic(linear_fp8_mma_kernel<kTiles>, grid, dim3(kWarps * 32), 0, stream, act_q, act_scale, rows, K, parts,
+                      y_f32);
 }
 
 }  // namespace
@@ -212,18 +234,39 @@ void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, 
                       uint8_t* act_q, float* act_scale, void* y, cudaStream_t stream, bool y_f32) {
   if (rows < 0 || rows > INT_MAX || K <= 0 || K % 128 || N <= 0)
     fail("linear_fp8_block: {} rows, K {} (a positive multiple of 128), N {}", rows, K, N);
-  if (!aligned16(w) || !aligned16(act_q)) fail("linear_fp8_block: weights and act_q must be 16-byte aligned");
+  if (!aligned16(act_q)) fail("linear_fp8_block: act_q must be 16-byte aligned");
   if (rows == 0) return;
-  if ((N + 15) / 16 > 65535) fail("linear_fp8_block: N {} is too many columns", N);
   act_quant_fp8(x, int(rows), K, act_q, act_scale, stream);
   DSV4_CUDA_CHECK_LAUNCH();
+  const Fp8LinearOut out{w, w_scale, N, y};
+  linear_fp8_block_quantised(act_q, act_scale, rows, K, &out, 1, stream, y_f32);
+}
+
+void linear_fp8_block_quantised(const uint8_t* act_q, const float* act_scale, int64_t rows, int K,
+                                const Fp8LinearOut* outs, int n_outs, cudaStream_t stream, bool y_f32) {
+  if (rows < 0 || rows > INT_MAX || K <= 0 || K % 128 || n_outs < 1 || n_outs > kMaxFp8LinearOuts)
+    fail("linear_fp8_block: {} rows, K {} (a positive multiple of 128), {} weights (1 to {})", rows, K, n_outs,
+         kMaxFp8LinearOuts);
+  if (!aligned16(act_q)) fail("linear_fp8_block: act_q must be 16-byte aligned");
+  if (rows == 0) return;
+  Parts parts{};
+  parts.count = n_outs;
+  int64_t groups = 0;
+  for (int i = 0; i < n_outs; ++i) {
+    const Fp8LinearOut& o = outs[i];
+    if (o.N <= 0 || !aligned16(o.w)) fail("linear_fp8_block: weight {} has N {} or is not 16-byte aligned", i, o.N);
+    const int splits = k_runs(o.N, K);
+    const int64_t tiles = (o.N + 15) / 16, per_block = kWarps / splits;
+    parts.w[i] = o.w, parts.w_scale[i] = o.w_scale, parts.y[i] = o.y, parts.N[i] = o.N, parts.splits[i] = splits;
+    parts.group0[i] = int(groups);
+    groups += (tiles + per_block - 1) / per_block;
+  }
+  if (groups > 65535) fail("linear_fp8_block: {} column groups is too many (N up to ~1M columns)", groups);
   // Tiles per block row: only as many as the rows fill (a row's arithmetic is the same in each).
   const int64_t tiles = std::min<int64_t>((rows + 7) / 8, kMaxTiles);
-  uint16_t* yb = y_f32 ? nullptr : static_cast<uint16_t*>(y);
-  float* yf = y_f32 ? static_cast<float*>(y) : nullptr;
-  if (tiles == 1) launch<1>(act_q, act_scale, rows, K, w, w_scale, N, yb, yf, stream);
-  else if (tiles == 2) launch<2>(act_q, act_scale, rows, K, w, w_scale, N, yb, yf, stream);
-  else launch<4>(act_q, act_scale, rows, K, w, w_scale, N, yb, yf, stream);
+  if (tiles == 1) launch<1>(act_q, act_scale, rows, K, parts, int(groups), y_f32, stream);
+  else if (tiles == 2) launch<2>(act_q, act_scale, rows, K, parts, int(groups), y_f32, stream);
+  else launch<4>(act_q, act_scale, rows, K, parts, int(groups), y_f32, stream);
   DSV4_CUDA_CHECK_LAUNCH();
 }
 

@@ -300,6 +300,12 @@ void LinearGemm::fp8_via_bf16(const uint16_t* x, int64_t rows, int K, const uint
   act_quant_fp8(x, int(rows), K, act_q, act_scale, stream);
   DSV4_CUDA_CHECK_LAUNCH();
   fp8_rows_to_bf16(act_q, act_scale, rows, K, x_bf16, stream);
+  fp8_weight_via_bf16(x_bf16, rows, K, w, w_scale, N, w_bf16, y, stream, y_f32);
+}
+
+void LinearGemm::fp8_weight_via_bf16(const uint16_t* x_bf16, int64_t rows, int K, const uint8_t* w,
+                                     const uint8_t* w_scale, int N, uint16_t* w_bf16, void* y, cudaStream_t stream,
+                                     bool y_f32) {
   fp8_weight_to_bf16(w, w_scale, N, K, w_bf16, stream);
   bf16(x_bf16, rows, K, K, 1, w_bf16, N, y, y_f32, stream);
 }

@@ -98,6 +98,10 @@ class LinearGemm {
   void fp8_via_bf16(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
                     uint8_t* act_q, float* act_scale, uint16_t* x_bf16, uint16_t* w_bf16, void* y,
                     cudaStream_t stream, bool y_f32 = false);
+  // fp8_via_bf16's second half, for a weight whose input another call already quantised and turned
+  // into x_bf16 (several linears of one input).
+  void fp8_weight_via_bf16(const uint16_t* x_bf16, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
+                           uint16_t* w_bf16, void* y, cudaStream_t stream, bool y_f32 = false);
 
   // Whether fp8_block can run this shape (host only; the heuristic query is made once per shape).
   bool fp8_block_available(int64_t rows, int K, int N);
