@@ -115,6 +115,9 @@ struct LogprobRows {
 // Work recorded once and replayed (CUDA graphs); opaque to the model.
 struct CapturedWork {
   virtual ~CapturedWork() = default;
+  // Work items the recording holds (kernels, copies), for the profile: a replay costs at least a
+  // dependent launch per item. 0 where the backend does not count them.
+  virtual int64_t items() const { return 0; }
 };
 
 class Backend {

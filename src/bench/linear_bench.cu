@@ -31,13 +31,15 @@ using cuda::DeviceBuffer;
 struct Shape {
   const char* name;  // DSV4_LINEAR_BENCH_SHAPES key
   int N, K;
-  bool fp8;  // FP8_BLOCK weights (else bf16 weights, f32 out: the head)
+  bool fp8;  // FP8_BLOCK weights (else bf16 weights, f32 out: the head, the router's gate, the compressors)
 };
 
 constexpr Shape kShapes[] = {
     {"wq_a", 1024, 4096, true},      {"wq_b", 32768, 1024, true},       {"wkv", 512, 4096, true},
     {"wo_b", 4096, 8192, true},      {"indexer_wq_b", 8192, 1024, true}, {"shared_w1_w3", 2048, 4096, true},
     {"shared_w2", 4096, 2048, true}, {"head", 129280, 4096, false},
+    {"gate", 256, 4096, false},  // also the indexer's compressor (wkv, wgate)
+    {"compressor_hca", 512, 4096, false}, {"compressor_csa", 1024, 4096, false},
 };
 constexpr int kRows[] = {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048, 8192};
 constexpr double kRotationBytes = 200e6;

@@ -192,6 +192,7 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
   const OpProfile ops = summarise_ops(records, c);
 
   double replay_ms = 0;
+  int64_t replay_items = 0;  // the recording's kernels and copies
   const bool replayed = ranks.model(0).can_record();
   if (replayed) {
     const std::vector<BatchItem> b = batch();
@@ -215,7 +216,7 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
       auto t0 = clock_type::now();
       for (int i = 0; i < a.steps; ++i) be.replay(*graph);
       be.synchronize();
-      if (rank == 0) replay_ms = ms_since(t0) / a.steps;
+      if (rank == 0) replay_ms = ms_since(t0) / a.steps, replay_items = graph->items();
       m.finish_step(plan, r, b);
     });
   }
@@ -247,6 +248,7 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
                         {"layers", c.n_layers}, {"prefill_ms", prefill_ms}, {"eager_step_ms", eager_ms},
                         {"host_plan_ms", plan_ms}, {"host_enqueue_ms", enqueue_ms},
                         {"replayed_step_ms", replayed ? nlohmann::json(replay_ms) : nlohmann::json()},
+                        {"replayed_step_items", replayed ? nlohmann::json(replay_items) : nlohmann::json()},
                         {"served_step_ms", served_ms}, {"decode_graphs_replayed", graphs.replayed},
                         {"served_steps_planned_ahead", served_ahead},
                         {"step_gbs", step_gbs}, {"copy_gbs", copy_gbs}, {"tokens_per_s", a.batch / (step_ms / 1e3)}};
@@ -266,6 +268,9 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
   fmt::print("| sum of the op times (device, each op alone), mean of {} | {:.3f} ms |\n", a.steps, ops.step_ms);
   if (replayed)
     fmt::print("| replayed step (one recording, {} replays) | {:.3f} ms = {:.2f} × the op sum |\n", a.steps, replay_ms, ratio);
+  if (replayed && replay_items > 0)
+    fmt::print("| items in the recording (kernels, copies) / replayed µs per item | {} / {:.2f} µs |\n", replay_items,
+               replay_ms * 1e3 / double(replay_items));
   fmt::print("| served step (model.step: {}, host work and token read-back included; {} of {} planned while the step "
              "before ran), mean of {} | {:.3f} ms |\n",
              ranks.model(0).decode_graphs() == DecodeGraphs::Record ? "the bucket's recorded graph replayed" : "run as called",

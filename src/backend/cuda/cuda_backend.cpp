@@ -112,6 +112,10 @@ namespace {
 struct CudaGraph final : CapturedWork {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
+  int64_t items() const override {
+    size_t n = 0;
+    return graph && cudaGraphGetNodes(graph, nullptr, &n) == cudaSuccess ? int64_t(n) : 0;
+  }
   ~CudaGraph() override {
     if (exec) cudaGraphExecDestroy(exec);
     if (graph) cudaGraphDestroy(graph);

@@ -21,7 +21,9 @@
 //
 // Work split. A block is 8 warps: 8 / splits column tiles × splits contiguous runs of K blocks; the
 // runs' f32 sums are added in run order through shared memory (deterministic). splits depends on N
-// and K only, and a row's arithmetic does not depend on the rows beside it: batch-invariant. The
+// and K only, and a row's arithmetic does not depend on the rows beside it: batch-invariant. One
+// launch may carry up to three weights of the same input (Backend::linears), each over its own
+// column groups with its own splits: each output has the bits of its weight launched alone. The
 // weights do not depend on earlier kernels, so each warp asks L2 for its weight lines before the
 // programmatic-launch wait (they stream while the previous kernel finishes).
 //
