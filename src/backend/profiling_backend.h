@@ -28,7 +28,7 @@ class ProfilingBackend final : public Backend {
     }
   };
   struct OpRecord {
-    std::string op;  // "linear attn.wq_a", "sparse_attention", ...
+    std::string op;  // "linear attn.wq_b", "linears attn.wq_a + attn.wkv", "sparse_attention", ...
     int region = -1;  // set_region's value when it was called
     double ms = 0;
     OpCost cost;

@@ -56,8 +56,8 @@ TEST(SyntheticModel, ProfileReportsTheStepByOpAndLayer) {
   CommandResult r = run_dsv4("profile --model synthetic:tiny --backend cpu --batch-size 2 --context 70 --steps 2");
   ASSERT_EQ(r.rc, 0) << r.out;
   for (const char* row : {"eager step", "host: plan", "sum of the op times", "bytes per step", "copy bandwidth", "tokens/s",
-                          "### ops", "| linear attn.wq_a | SWA |", "| sparse_attention | CSA |", "| indexer_topk | CSA |",
-                          "| compressor_update | HCA |", "| moe_experts (shared + routed) | HCA |", "| logits (head) | head |",
+                          "### ops", "| linears attn.wq_a + attn.wkv | SWA |", "| linear attn.wq_b | SWA |",
+                          "| sparse_attention | CSA |", "| indexer_topk | CSA |", "| compressor_update | HCA |", "| moe_experts (shared + routed) | HCA |", "| logits (head) | head |",
                           "### layers", "| 0 | SWA |", "| 4 | HCA |", "### projected", "2 SWA ×", "21 CSA ×", "20 HCA ×"})
     EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
   CommandResult j = run_dsv4("profile --model synthetic:tiny --backend cpu --steps 1 --context 10 --json");
