@@ -40,6 +40,7 @@ constexpr Shape kShapes[] = {
     {"shared_w2", 4096, 2048, true}, {"head", 129280, 4096, false},
     {"gate", 256, 4096, false},  // also the indexer's compressor (wkv, wgate)
     {"compressor_hca", 512, 4096, false}, {"compressor_csa", 1024, 4096, false},
+    {"weights_proj", 64, 4096, false},  // the indexer's head weights (bf16 out in the model)
 };
 constexpr int kRows[] = {1, 2, 4, 8, 16, 32, 64, 128, 512, 2048, 8192};
 constexpr double kRotationBytes = 200e6;
