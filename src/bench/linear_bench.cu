@@ -226,9 +226,8 @@ void bench_linear() {
 
   // Where cuBLASLt wins from on (this M and every larger one timed): what linear_gemm.h's row
   // thresholds should be.
-  fmt::print("\ncuBLASLt faster from (this M and every larger one timed; now: bf16 from 4, 8 or {} rows by size, the head "
-             "always, FP8 from {} or {} by size):\n", cuda::kBf16GemmMinRows, cuda::kFp8GemmMinRowsLarge,
-             cuda::kFp8GemmMinRows);
+  fmt::print("\ncuBLASLt faster from (this M and every larger one timed; now: bf16 from {} rows, the head always, FP8 from {} "
+             "or {} by size):\n", cuda::kBf16GemmMinRows, cuda::kFp8GemmMinRowsLarge, cuda::kFp8GemmMinRows);
   for (size_t i = 0; i < rows.size();) {
     size_t j = i;
     while (j < rows.size() && rows[j].shape == rows[i].shape) ++j;

@@ -560,8 +560,8 @@ TEST(LinearBf16wCublasLt, FlashShapes) {
 }
 
 // ---------------------------------------------------------------------------------------------
-// CudaBackend's choice: DSV4_LINEAR_PATH forces a path, auto goes by rows (bf16_gemm_min_rows,
-// fp8_gemm_min_rows; the weights here are small, so no "any rows" case). The backend's result must
+// CudaBackend's choice: DSV4_LINEAR_PATH forces a path, auto goes by rows (kBf16GemmMinRows,
+// kFp8GemmMinRows; the weights here are small, so no "any rows" case). The backend's result must
 // equal, bit for bit, the path it chose run directly.
 
 struct EnvPath {
@@ -691,16 +691,8 @@ TEST(CudaBackendLinearPath, ForcedAndAuto) {
   check_backend_choice("kernel", 300, false, false);
   check_backend_choice("cublaslt", 5, true, true);
   check_backend_choice("cublaslt", 130, true, true);
-  // bf16 weights by size: the weight here (512K values) from 8 rows, like the gate.
-  EXPECT_EQ(bf16_gemm_min_rows(1000, 512, 1), 8);
-  EXPECT_EQ(bf16_gemm_min_rows(256, 4096, 1), 8);              // the gate
-  EXPECT_EQ(bf16_gemm_min_rows(512, 4096, 1), 8);              // the HCA compressor
-  EXPECT_EQ(bf16_gemm_min_rows(1024, 4096, 1), 4);             // the CSA compressor
-  EXPECT_EQ(bf16_gemm_min_rows(4096, 4096, 1), kBf16GemmMinRows);
-  EXPECT_EQ(bf16_gemm_min_rows(8192, 1024, 8), kBf16GemmMinRows);  // grouped
-  EXPECT_EQ(bf16_gemm_min_rows(129280, 4096, 1), 1);           // the head
-  check_backend_choice(nullptr, bf16_gemm_min_rows(1000, 512, 1) - 1, false, false);
-  check_backend_choice("auto", bf16_gemm_min_rows(1000, 512, 1), false, true);
+  check_backend_choice(nullptr, kBf16GemmMinRows - 1, false, false);
+  check_backend_choice("auto", kBf16GemmMinRows, false, true);
   check_backend_choice("auto", kFp8GemmMinRows + 1, true, true);
   EXPECT_TRUE(linear_path_uses_gemm(LinearPathMode::Auto, kFp8GemmMinRows, kFp8GemmMinRows));
   EXPECT_FALSE(linear_path_uses_gemm(LinearPathMode::Auto, kFp8GemmMinRows - 1, kFp8GemmMinRows));

@@ -378,7 +378,8 @@ void CudaBackend::dense_bf16w(const void* x, bool x_f32, int64_t rows, int K, in
                               const uint16_t* w, int N, void* y, bool y_f32) {
   if (!rows) return;
   // f32 inputs stay on the kernel (cuBLASLt would round them to bf16 or run a tf32 GEMM).
-  if (!x_f32 && gemm_ && linear_path_uses_gemm(linear_mode_, rows, bf16_gemm_min_rows(N, K, groups)) && LinearGemm::bf16_aligned(x, w, y) &&
+  const int64_t min_rows = 2.0 * double(N) * K >= kBf16GemmAnyRowsBytes ? 1 : kBf16GemmMinRows;
+  if (!x_f32 && gemm_ && linear_path_uses_gemm(linear_mode_, rows, min_rows) && LinearGemm::bf16_aligned(x, w, y) &&
       gemm_->bf16_available(rows, K, x_row_stride, groups, N, y_f32))
     gemm_->bf16(static_cast<const uint16_t*>(x), rows, K, x_row_stride, groups, w, N, y, y_f32, stream());
   else
@@ -414,8 +415,7 @@ std::string CudaBackend::linear_paths() const {
     case LinearPathMode::Auto: break;
   }
   return fmt::format("FP8: tensor-core kernel, from {} rows (or {} by size) a cuBLASLt bf16 GEMM of the dequantised "
-                     "operands; bf16: CUDA-core kernels, cuBLASLt from 4 or 8 rows (narrow ones by size), else {} "
-                     "(the head: always)",
+                     "operands; bf16: CUDA-core kernels, cuBLASLt from {} rows (the head: always)",
                      kFp8GemmMinRowsLarge, kFp8GemmMinRows, kBf16GemmMinRows);
 }
 

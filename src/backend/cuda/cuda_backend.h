@@ -172,7 +172,7 @@ class CudaBackend final : public Backend {
   std::map<std::tuple<int, int, int, int, int>, std::unique_ptr<MoeWorkspace>> moe_ws_;
   int moe_path_override_ = -1;  // DSV4_MOE_PATH (tests): a forced MoeFp4Path
   // Dense linears: the decode kernels, cuBLASLt bf16 GEMMs from the rows of linear_gemm.h
-  // (bf16_gemm_min_rows, fp8_gemm_min_rows); DSV4_LINEAR_PATH forces one. gemm_ is null when the
+  // (kBf16GemmMinRows, kFp8GemmMinRows); DSV4_LINEAR_PATH forces one. gemm_ is null when the
   // kernels are forced.
   LinearPathMode linear_mode_ = LinearPathMode::Auto;
   std::unique_ptr<LinearGemm> gemm_;

@@ -55,18 +55,9 @@ const char* linear_path_mode_name(LinearPathMode mode);
 // through a bf16 GEMM of their dequantised values (fp8_via_bf16), from 64 rows when they hold at
 // least 8M values (wq_b, wo_b, the indexer's wq_b, the shared expert: the tensor-core kernel
 // linear_fp8_mma.cu is 2.7–3.3× faster at 1–8 rows, 1.6–2.7× at 16, 0.9–1.2× slower at 64), from
-// 128 below (wq_a, wkv: the kernel 0.8–0.9× cuBLASLt's time at 64 rows). The narrow bf16 linears
-// switch earlier (docs/perf/2026-12-03-linears-route.md: the kernel's time grows with the rows,
-// cuBLASLt's stays at 7–8 µs): up to 2M values (the gate, the HCA compressor, the indexer's head
-// weights) from 8 rows, up to 4M (the CSA compressor) from 4. Grouped and larger ones keep 16.
+// 128 below (wq_a, wkv: the kernel 0.8–0.9× cuBLASLt's time at 64 rows).
 constexpr int64_t kBf16GemmMinRows = 16;
 constexpr double kBf16GemmAnyRowsBytes = 256e6;
-inline int64_t bf16_gemm_min_rows(int N, int K, int groups) {
-  const int64_t values = int64_t(N) * K;
-  if (2.0 * double(values) >= kBf16GemmAnyRowsBytes) return 1;
-  if (groups != 1) return kBf16GemmMinRows;
-  return values <= (int64_t(2) << 20) ? 8 : values <= (int64_t(4) << 20) ? 4 : kBf16GemmMinRows;
-}
 constexpr int64_t kFp8GemmMinRows = 128, kFp8GemmMinRowsLarge = 64;
 constexpr int64_t kFp8GemmLargeValues = int64_t(8) << 20;
 inline int64_t fp8_gemm_min_rows(int N, int K) {
