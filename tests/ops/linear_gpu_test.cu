@@ -39,7 +39,6 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
-#include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_utils.h"
 #include "backend/cuda/linear.h"
@@ -228,10 +227,6 @@ void check_fp8(int64_t rows, int N, int K, Path path = Path::Kernel) {
     stream.sync();
   } else {
     linear_fp8_block(d_x.get(), rows, K, d_w.get(), d_ws.get(), N, d_q.get(), d_s.get(), d_y.get(), stream.get());
-    // Up to 8 rows the kernel quantises x in registers and leaves the scratch alone (its codes are
-    // act_quant_fp8's: LinearFp8Block.SeveralWeightsOfOneInput holds it to their bits); the codes
-    // are then checked from act_quant_fp8 itself.
-    if (rows <= 8) act_quant_fp8(d_x.get(), int(rows), K, d_q.get(), d_s.get(), stream.get());
   }
   const std::vector<uint16_t> y = d_y.download(stream.get());
   const std::vector<uint8_t> q = d_q.download(stream.get());
@@ -397,11 +392,9 @@ TEST(LinearFp8Block, RowsDoNotDependOnTheBatch) {
   }
 }
 
-// Several weights of one input in one launch, and the quantisation inside the kernel (up to 8
-// rows): each output has the bits of linear_fp8_block with that weight alone, whether the launch
-// quantised x itself (linear_fp8_blocks) or took act_quant_fp8's codes (linear_fp8_block_quantised),
-// outputs poisoned first, at every tile count and both sides of the 8-row line, with narrow and wide
-// weights (their K splits differ) and the f32 sums of linear_partial.
+// Several weights of one input in one launch (linear_fp8_block_quantised): each output has the bits
+// of linear_fp8_block with that weight alone, outputs poisoned first, at every tile count, with
+// narrow and wide weights (their K splits differ) and the f32 sums of linear_partial.
 TEST(LinearFp8Block, SeveralWeightsOfOneInput) {
   const int K = 2048;
   const std::vector<int> widths = {1000, 136, 4096};
@@ -417,7 +410,7 @@ TEST(LinearFp8Block, SeveralWeightsOfOneInput) {
     d_w.back().upload(w, stream.get());
     d_ws.back().upload(ws, stream.get());
   }
-  for (int64_t rows : {1, 5, 8, 9, 16, 17, 40, 70}) {
+  for (int64_t rows : {1, 5, 16, 40, 70}) {
     for (bool f32 : {false, true}) {
       const std::vector<uint16_t> x = random_bf16(rows, K);
       DeviceBuffer<uint16_t> d_x(x.size());
@@ -425,33 +418,22 @@ TEST(LinearFp8Block, SeveralWeightsOfOneInput) {
       DeviceBuffer<float> d_s(size_t(rows) * (K / 128));
       d_x.upload(x, stream.get());
       const size_t elem = f32 ? 4 : 2;
-      std::vector<DeviceBuffer<uint8_t>> alone, quantised, together;
-      std::vector<Fp8LinearOut> outs_quantised, outs_together;
+      std::vector<DeviceBuffer<uint8_t>> alone, together;
+      std::vector<Fp8LinearOut> outs;
       for (size_t i = 0; i < widths.size(); ++i) {
         const size_t n = size_t(rows) * widths[i] * elem;
-        for (auto* v : {&alone, &quantised, &together}) {
-          v->emplace_back(n);
-          v->back().fill_bytes(0xff, stream.get());
-        }
+        alone.emplace_back(n);
+        together.emplace_back(n);
+        alone.back().fill_bytes(0xff, stream.get());
+        together.back().fill_bytes(0xff, stream.get());
         linear_fp8_block(d_x.get(), rows, K, d_w[i].get(), d_ws[i].get(), widths[i], d_q.get(), d_s.get(),
                          alone.back().get(), stream.get(), f32);
-        outs_quantised.push_back({d_w[i].get(), d_ws[i].get(), widths[i], quantised.back().get()});
-        outs_together.push_back({d_w[i].get(), d_ws[i].get(), widths[i], together.back().get()});
+        outs.push_back({d_w[i].get(), d_ws[i].get(), widths[i], together.back().get()});
       }
-      act_quant_fp8(d_x.get(), int(rows), K, d_q.get(), d_s.get(), stream.get());
-      linear_fp8_block_quantised(d_q.get(), d_s.get(), rows, K, outs_quantised.data(), int(outs_quantised.size()),
-                                 stream.get(), f32);
-      linear_fp8_blocks(d_x.get(), rows, K, outs_together.data(), int(outs_together.size()), d_q.get(), d_s.get(),
-                        stream.get(), f32);
-      for (size_t i = 0; i < widths.size(); ++i) {
-        const std::vector<uint8_t> want = alone[i].download(stream.get());
-        EXPECT_EQ(quantised[i].download(stream.get()), want)
-            << "act_quant_fp8 + one launch, weight " << i << " (N " << widths[i] << "), " << rows << " rows"
-            << (f32 ? ", f32 sums" : "");
-        EXPECT_EQ(together[i].download(stream.get()), want)
-            << "one launch from x, weight " << i << " (N " << widths[i] << "), " << rows << " rows"
-            << (f32 ? ", f32 sums" : "");
-      }
+      linear_fp8_block_quantised(d_q.get(), d_s.get(), rows, K, outs.data(), int(outs.size()), stream.get(), f32);
+      for (size_t i = 0; i < widths.size(); ++i)
+        EXPECT_EQ(together[i].download(stream.get()), alone[i].download(stream.get()))
+            << "weight " << i << " (N " << widths[i] << "), " << rows << " rows" << (f32 ? ", f32 sums" : "");
     }
   }
 }

@@ -348,29 +348,25 @@ std::vector<Tensor> CudaBackend::fp8_linears(const Tensor& x, const std::vector<
   if (!rows) return out;
   Tensor q = alloc(DType::U8, {rows, K});
   Tensor s = alloc(DType::F32, {rows, K / 128});
-  const auto on_gemm = [&](const LinearWeight& w) {
-    return gemm_ && linear_path_uses_gemm(linear_mode_, rows, fp8_gemm_min_rows(w.out, w.in)) &&
-           gemm_->fp8_via_bf16_available(rows, w.in, w.out, f32);
-  };
-  std::vector<Fp8LinearOut> kernel_outs;
-  for (size_t i = 0; i < ws.size(); ++i)
-    if (!on_gemm(*ws[i])) kernel_outs.push_back({ws[i]->w, ws[i]->scale, ws[i]->out, out[i].data});
-  if (kernel_outs.size() == ws.size()) {  // all on the kernel, which may quantise x itself
-    linear_fp8_blocks(x.ptr<uint16_t>(), rows, K, kernel_outs.data(), int(kernel_outs.size()), q.ptr<uint8_t>(),
-                      s.ptr<float>(), stream(), f32);
-    return out;
-  }
   act_quant_fp8(x.ptr<uint16_t>(), int(rows), K, q.ptr<uint8_t>(), s.ptr<float>(), stream());
   DSV4_CUDA_CHECK_LAUNCH();
-  // Both operands as their exact bf16 values, one bf16 GEMM a weight (linear_gemm.h); x's once.
-  Tensor xb = alloc(DType::BF16, {rows, K});
-  fp8_rows_to_bf16(q.ptr<uint8_t>(), s.ptr<float>(), rows, K, xb.ptr<uint16_t>(), stream());
+  Tensor xb;  // the exact bf16 values of the quantised x, made once for the weights that run as GEMMs
+  std::vector<Fp8LinearOut> kernel_outs;
   for (size_t i = 0; i < ws.size(); ++i) {
     const LinearWeight& w = *ws[i];
-    if (!on_gemm(w)) continue;
-    Tensor wb = alloc(DType::BF16, {w.out, w.in});
-    gemm_->fp8_weight_via_bf16(xb.ptr<uint16_t>(), rows, K, w.w, w.scale, w.out, wb.ptr<uint16_t>(), out[i].data,
-                               stream(), f32);
+    if (gemm_ && linear_path_uses_gemm(linear_mode_, rows, fp8_gemm_min_rows(w.out, w.in)) &&
+        gemm_->fp8_via_bf16_available(rows, w.in, w.out, f32)) {
+      // Both operands as their exact bf16 values, one bf16 GEMM (linear_gemm.h).
+      if (!xb.data) {
+        xb = alloc(DType::BF16, {rows, K});
+        fp8_rows_to_bf16(q.ptr<uint8_t>(), s.ptr<float>(), rows, K, xb.ptr<uint16_t>(), stream());
+      }
+      Tensor wb = alloc(DType::BF16, {w.out, w.in});
+      gemm_->fp8_weight_via_bf16(xb.ptr<uint16_t>(), rows, K, w.w, w.scale, w.out, wb.ptr<uint16_t>(), out[i].data,
+                                 stream(), f32);
+    } else {
+      kernel_outs.push_back({w.w, w.scale, w.out, out[i].data});
+    }
   }
   if (!kernel_outs.empty())
     linear_fp8_block_quantised(q.ptr<uint8_t>(), s.ptr<float>(), rows, K, kernel_outs.data(), int(kernel_outs.size()),

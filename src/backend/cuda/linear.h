@@ -14,9 +14,8 @@
 
 namespace dsv4::cuda {
 
-// CpuBackend::linear for FP8_BLOCK weights: x bf16 [rows, K] is quantised as act_quant_fp8 does —
-// by act_quant_fp8 into the caller's scratch act_q e4m3 [rows, K] and act_scale f32 [rows, K/128],
-// or, up to 8 rows with x 16-byte aligned, inside the kernel (the scratch is then not written) — then
+// CpuBackend::linear for FP8_BLOCK weights: x bf16 [rows, K] is quantised by act_quant_fp8 into the
+// caller's scratch act_q e4m3 [rows, K] and act_scale f32 [rows, K/128], then
 // y[r, n] = bf16(Σ_b sx[r, b] · sw[n/128, b] · Σ_{k ∈ b} xq·wq). w e4m3 [N, K]; w_scale ue8m0 bytes
 // [ceil(N/128), K/128]. K a positive multiple of 128; N any; rows < 2^31. w and act_q 16-byte aligned.
 // y bf16 [rows, N], or with y_f32 the f32 sums before that rounding (Backend::linear_partial).
@@ -32,11 +31,6 @@ struct Fp8LinearOut {
   void* y = nullptr;
 };
 constexpr int kMaxFp8LinearOuts = 3;
-
-// linear_fp8_block for up to kMaxFp8LinearOuts weights of one input, in one launch (x quantised as
-// linear_fp8_block says). Each output has the bits of linear_fp8_block with its weight alone.
-void linear_fp8_blocks(const uint16_t* x, int64_t rows, int K, const Fp8LinearOut* outs, int n_outs, uint8_t* act_q,
-                       float* act_scale, cudaStream_t stream, bool y_f32 = false);
 
 // linear_fp8_block's second half for up to kMaxFp8LinearOuts weights of one input, in one launch:
 // act_q / act_scale as act_quant_fp8 wrote them for x [rows, K]. Each output has the bits

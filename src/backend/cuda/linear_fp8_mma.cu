@@ -33,8 +33,7 @@
 // codes (no conversion per column tile) was slower at every row count: the conversion is not the
 // limiter; nor is the weights' depth in flight (two blocks a warp changed nothing). At 16 rows wq_b
 // and wo_b take 17–18 µs alone with L2 traffic ~3× their DRAM bytes — each warp re-reads its K range
-// of the activation rows (docs/perf/2026-12-03-step-fusions.md). Up to 8 rows the kernel quantises
-// the activations itself (kQuantise below): a decode step's FP8 linears are one launch each, not two.
+// of the activation rows (docs/perf/2026-12-03-step-fusions.md): staging them once per block is next.
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
@@ -89,48 +88,10 @@ struct Parts {
   int count;
 };
 
-// act_quant_fp8's codes of two values, a in the low byte (to_e4m3 on each: the clamp, then the
-// saturating conversion).
-__device__ __forceinline__ uint32_t e4m3x2_codes(float a, float b) {
-  const float2 v = make_float2(fminf(fmaxf(a, -448.f), 448.f), fminf(fmaxf(b, -448.f), 448.f));
-  return uint32_t(__nv_cvt_float2_to_fp8x2(v, __NV_SATFINITE, __NV_E4M3));
-}
-
-// 16 bf16 values (raw[0], raw[1]) → their 16 codes at scale inv (byte i = value i).
-__device__ __forceinline__ uint4 quantise16(const uint4& r0, const uint4& r1, float inv) {
-  const uint32_t w[8] = {r0.x, r0.y, r0.z, r0.w, r1.x, r1.y, r1.z, r1.w};
-  uint32_t out[4];
-#pragma unroll
-  for (int i = 0; i < 4; ++i) {
-    const uint32_t a = w[2 * i], b = w[2 * i + 1];
-    out[i] = e4m3x2_codes(__fmul_rn(__uint_as_float(a << 16), inv), __fmul_rn(__uint_as_float(a & 0xffff0000u), inv)) |
-             e4m3x2_codes(__fmul_rn(__uint_as_float(b << 16), inv), __fmul_rn(__uint_as_float(b & 0xffff0000u), inv))
-                 << 16;
-  }
-  return make_uint4(out[0], out[1], out[2], out[3]);
-}
-
-__device__ __forceinline__ float abs_max8(const uint4& r, float m) {
-  const uint32_t w[4] = {r.x, r.y, r.z, r.w};
-#pragma unroll
-  for (int i = 0; i < 4; ++i)
-    m = fmaxf(m, fmaxf(fabsf(__uint_as_float(w[i] << 16)), fabsf(__uint_as_float(w[i] & 0xffff0000u))));
-  return m;
-}
-
-// kQuantise: the activations arrive as bf16 (act is x [rows, K]) and each warp quantises the blocks
-// it multiplies, as act_quant_fp8 would: the 4 lanes of a row (t = 0 … 3) hold its whole 128-channel
-// block between them (32 values each), so its amax is two shuffles away; s = 2^ceil(log2(amax/448))
-// and the codes e4m3(x / s) — x·(1/s) here, the same value, since 1/s is an exact power of two. The
-// epilogue's row scales come from the lanes that hold those rows. The same codes and scales as the
-// separate kernel, so the same bits, without its launch; 16 registers a tile more, so one tile only.
-template <int kTiles, bool kQuantise>
+template <int kTiles>
 __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
-    linear_fp8_mma_kernel(const void* __restrict__ act, const float* __restrict__ act_scale, int64_t rows, int K,
+    linear_fp8_mma_kernel(const uint8_t* __restrict__ act_q, const float* __restrict__ act_scale, int64_t rows, int K,
                           const Parts parts, bool out_f32) {
-  static_assert(!kQuantise || kTiles == 1, "the bf16 activations of 2 tiles spill");
-  const auto* __restrict__ act_q = static_cast<const uint8_t*>(act);
-  const auto* __restrict__ act_x = static_cast<const uint16_t*>(act);
   __shared__ float run_sum[kWarps][kTiles * 4][32];
   // The block's part, by constant indices (a dynamic index into the parameters would copy them to
   // local memory).
@@ -169,9 +130,7 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
   // Block kb + 1 — weights, activation codes and scales — is loaded while block kb multiplies: the
   // activations come from L2 (another kernel wrote them), and a load in the multiply's dependency
   // chain cost a round trip per block.
-  // (kQuantise: next_x[j] holds the block's 32 bf16 values of this lane, [2c + h] = chunk c, half h.)
-  constexpr int kXWords = kQuantise ? 4 : 2;
-  uint4 next_lo[2], next_hi[2], next_x[kTiles][kXWords];
+  uint4 next_lo[2], next_hi[2], next_x[kTiles][2];
   float next_sa[kTiles], next_sb[kTiles], next_sw = 0;
   const auto load_step = [&](int kb) {
     load_block(w_lo, lo_ok, kb, next_lo);
@@ -180,17 +139,9 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
       const int64_t r = row0 + 8 * j + g, ra = row0 + 8 * j + 2 * t;
-      if constexpr (kQuantise) {
-        const uint4* xr = reinterpret_cast<const uint4*>(act_x + (r < rows ? r : 0) * K + int64_t(kb) * 128 + 16 * t);
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) next_x[j][2 * c + h] = r < rows ? __ldg(xr + 8 * c + h) : make_uint4(0, 0, 0, 0);
-      } else {
-        load_block(act_q + (r < rows ? r : 0) * K + 16 * t, r < rows, kb, next_x[j]);
-        next_sa[j] = ra < rows ? act_scale[ra * kbs + kb] : 0.f;
-        next_sb[j] = ra + 1 < rows ? act_scale[(ra + 1) * kbs + kb] : 0.f;
-      }
+      load_block(act_q + (r < rows ? r : 0) * K + 16 * t, r < rows, kb, next_x[j]);
+      next_sa[j] = ra < rows ? act_scale[ra * kbs + kb] : 0.f;
+      next_sb[j] = ra + 1 < rows ? act_scale[(ra + 1) * kbs + kb] : 0.f;
     }
   };
   if (kb_begin < kb_end) load_step(kb_begin);
@@ -198,26 +149,8 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
     const uint4 lo[2] = {next_lo[0], next_lo[1]}, hi[2] = {next_hi[0], next_hi[1]};
     uint4 x[kTiles][2];
     float sa[kTiles], sb[kTiles];
-    if constexpr (kQuantise) {
 #pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
-        float amax = 0.f;
-#pragma unroll
-        for (int q = 0; q < 4; ++q) amax = abs_max8(next_x[j][q], amax);
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 1));
-        amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, 2));
-        const float scale = pow2_ceil_dev(fmaxf(amax, 1e-4f) * (1.0f / 448.0f));
-        const float inv = 1.0f / scale;
-        x[j][0] = quantise16(next_x[j][0], next_x[j][1], inv);
-        x[j][1] = quantise16(next_x[j][2], next_x[j][3], inv);
-        sa[j] = __shfl_sync(0xffffffffu, scale, 8 * t);      // row 2t of the tile: lanes 4·2t …
-        sb[j] = __shfl_sync(0xffffffffu, scale, 8 * t + 4);  // row 2t + 1
-      }
-    } else {
-#pragma unroll
-      for (int j = 0; j < kTiles; ++j)
-        x[j][0] = next_x[j][0], x[j][1] = next_x[j][1], sa[j] = next_sa[j], sb[j] = next_sb[j];
-    }
+    for (int j = 0; j < kTiles; ++j) x[j][0] = next_x[j][0], x[j][1] = next_x[j][1], sa[j] = next_sa[j], sb[j] = next_sb[j];
     const float sw = next_sw;
     if (kb + 1 < kb_end) load_step(kb + 1);
     float part[kTiles][4] = {};
@@ -288,19 +221,37 @@ int k_runs(int N, int K) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
-template <int kTiles, bool kQuantise>
-void launch(const void* act, const float* act_scale, int64_t rows, int K, const Parts& parts, int groups, bool y_f32,
-            cudaStream_t stream) {
+template <int kTiles>
+void launch(const uint8_t* act_q, const float* act_scale, int64_t rows, int K, const Parts& parts, int groups,
+            bool y_f32, cudaStream_t stream) {
   // Row blocks vary fastest: the blocks of one column group run together and share its weight in L2.
   const dim3 grid(unsigned((rows + kBlockRows - 1) / kBlockRows), unsigned(groups));
-  launch_programmatic(linear_fp8_mma_kernel<kTiles, kQuantise>, grid, dim3(kWarps * 32), 0, stream, act, act_scale, rows,
-                      K, parts, y_f32);
+  launch_programmatic(linear_fp8_mma_kernel<kTiles>, grid, dim3(kWarps * 32), 0, stream, act_q, act_scale, rows, K, parts,
+                      y_f32);
 }
 
-// The launch's parts and column groups; fails on a weight that cannot run.
-int make_parts(int K, const Fp8LinearOut* outs, int n_outs, Parts& parts) {
-  if (n_outs < 1 || n_outs > kMaxFp8LinearOuts) fail("linear_fp8_block: {} weights (1 to {})", n_outs, kMaxFp8LinearOuts);
-  parts = Parts{};
+}  // namespace
+
+void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
+                      uint8_t* act_q, float* act_scale, void* y, cudaStream_t stream, bool y_f32) {
+  if (rows < 0 || rows > INT_MAX || K <= 0 || K % 128 || N <= 0)
+    fail("linear_fp8_block: {} rows, K {} (a positive multiple of 128), N {}", rows, K, N);
+  if (!aligned16(act_q)) fail("linear_fp8_block: act_q must be 16-byte aligned");
+  if (rows == 0) return;
+  act_quant_fp8(x, int(rows), K, act_q, act_scale, stream);
+  DSV4_CUDA_CHECK_LAUNCH();
+  const Fp8LinearOut out{w, w_scale, N, y};
+  linear_fp8_block_quantised(act_q, act_scale, rows, K, &out, 1, stream, y_f32);
+}
+
+void linear_fp8_block_quantised(const uint8_t* act_q, const float* act_scale, int64_t rows, int K,
+                                const Fp8LinearOut* outs, int n_outs, cudaStream_t stream, bool y_f32) {
+  if (rows < 0 || rows > INT_MAX || K <= 0 || K % 128 || n_outs < 1 || n_outs > kMaxFp8LinearOuts)
+    fail("linear_fp8_block: {} rows, K {} (a positive multiple of 128), {} weights (1 to {})", rows, K, n_outs,
+         kMaxFp8LinearOuts);
+  if (!aligned16(act_q)) fail("linear_fp8_block: act_q must be 16-byte aligned");
+  if (rows == 0) return;
+  Parts parts{};
   parts.count = n_outs;
   int64_t groups = 0;
   for (int i = 0; i < n_outs; ++i) {
@@ -313,53 +264,11 @@ int make_parts(int K, const Fp8LinearOut* outs, int n_outs, Parts& parts) {
     groups += (tiles + per_block - 1) / per_block;
   }
   if (groups > 65535) fail("linear_fp8_block: {} column groups is too many (N up to ~1M columns)", groups);
-  return int(groups);
-}
-
-void check_rows(int64_t rows, int K) {
-  if (rows < 0 || rows > INT_MAX || K <= 0 || K % 128)
-    fail("linear_fp8_block: {} rows, K {} (a positive multiple of 128)", rows, K);
-}
-
-}  // namespace
-
-void linear_fp8_block(const uint16_t* x, int64_t rows, int K, const uint8_t* w, const uint8_t* w_scale, int N,
-                      uint8_t* act_q, float* act_scale, void* y, cudaStream_t stream, bool y_f32) {
-  const Fp8LinearOut out{w, w_scale, N, y};
-  linear_fp8_blocks(x, rows, K, &out, 1, act_q, act_scale, stream, y_f32);
-}
-
-void linear_fp8_blocks(const uint16_t* x, int64_t rows, int K, const Fp8LinearOut* outs, int n_outs, uint8_t* act_q,
-                       float* act_scale, cudaStream_t stream, bool y_f32) {
-  check_rows(rows, K);
-  Parts parts;
-  const int groups = make_parts(K, outs, n_outs, parts);
-  if (rows == 0) return;
-  // One tile (up to 8 rows): the kernel quantises x itself, one launch instead of two (x is read 16
-  // bytes at a time there; act_quant_fp8 takes an x aligned to 8). At two tiles the bf16 values
-  // spill within the 128 registers of two blocks per SM.
-  if (rows <= 8 && aligned16(x)) {
-    launch<1, true>(x, nullptr, rows, K, parts, groups, y_f32, stream);
-    DSV4_CUDA_CHECK_LAUNCH();
-    return;
-  }
-  act_quant_fp8(x, int(rows), K, act_q, act_scale, stream);
-  DSV4_CUDA_CHECK_LAUNCH();
-  linear_fp8_block_quantised(act_q, act_scale, rows, K, outs, n_outs, stream, y_f32);
-}
-
-void linear_fp8_block_quantised(const uint8_t* act_q, const float* act_scale, int64_t rows, int K,
-                                const Fp8LinearOut* outs, int n_outs, cudaStream_t stream, bool y_f32) {
-  check_rows(rows, K);
-  if (!aligned16(act_q)) fail("linear_fp8_block: act_q must be 16-byte aligned");
-  Parts parts;
-  const int groups = make_parts(K, outs, n_outs, parts);
-  if (rows == 0) return;
   // Tiles per block row: only as many as the rows fill (a row's arithmetic is the same in each).
   const int64_t tiles = std::min<int64_t>((rows + 7) / 8, kMaxTiles);
-  if (tiles == 1) launch<1, false>(act_q, act_scale, rows, K, parts, groups, y_f32, stream);
-  else if (tiles == 2) launch<2, false>(act_q, act_scale, rows, K, parts, groups, y_f32, stream);
-  else launch<4, false>(act_q, act_scale, rows, K, parts, groups, y_f32, stream);
+  if (tiles == 1) launch<1>(act_q, act_scale, rows, K, parts, int(groups), y_f32, stream);
+  else if (tiles == 2) launch<2>(act_q, act_scale, rows, K, parts, int(groups), y_f32, stream);
+  else launch<4>(act_q, act_scale, rows, K, parts, int(groups), y_f32, stream);
   DSV4_CUDA_CHECK_LAUNCH();
 }
 
