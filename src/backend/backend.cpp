@@ -21,10 +21,23 @@ void Backend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight, float e
   if (fp8_nope) fp8_simulate(x, head_dim, head_dim - rope_dim);
 }
 
+void Backend::head_norm_rope(Tensor& x, int head_dim, float eps, int rope_dim, const Tensor& positions,
+                             const RopeTable& table) {
+  head_rms_norm(x, head_dim, eps);
+  rope(x, head_dim, rope_dim, positions, table, false);
+}
+
 std::vector<Tensor> Backend::linears(const Tensor& x, const std::vector<const LinearWeight*>& ws) {
   std::vector<Tensor> out;
   out.reserve(ws.size());
   for (const LinearWeight* w : ws) out.push_back(linear(x, *w));
+  return out;
+}
+
+std::vector<Tensor> Backend::step_index_sets(const std::vector<StepIndexArgs>& sets) {
+  std::vector<Tensor> out;
+  out.reserve(sets.size());
+  for (const StepIndexArgs& a : sets) out.push_back(step_indices(a));
   return out;
 }
 

@@ -118,6 +118,14 @@ struct CapturedWork {
   // Work items the recording holds (kernels, copies), for the profile: a replay costs at least a
   // dependent launch per item. 0 where the backend does not count them.
   virtual int64_t items() const { return 0; }
+  // The items by kind (a kernel by name; "copy", "set", ... for the others), most frequent first.
+  // `early`: how many of them a programmatic edge enters, i.e. are scheduled before the item
+  // ahead completes; every other item waits for a completion and a launch.
+  struct ItemKind {
+    std::string name;
+    int64_t count = 0, early = 0;
+  };
+  virtual std::vector<ItemKind> item_kinds() const { return {}; }
 };
 
 class Backend {
@@ -181,6 +189,10 @@ class Backend {
   // in that order (the default runs them so; a backend may fuse them). KV rows and compressed entries.
   virtual void norm_rope(Tensor& x, int head_dim, const uint16_t* weight, float eps, int rope_dim,
                          const Tensor& positions, const RopeTable& table, bool fp8_nope);
+  // head_rms_norm then rope (not inverse): the values of those two (the default runs them; a backend
+  // may fuse them). The queries.
+  virtual void head_norm_rope(Tensor& x, int head_dim, float eps, int rope_dim, const Tensor& positions,
+                              const RopeTable& table);
   virtual void hadamard_fp4_simulate(Tensor& x, int width) = 0;                                // SPEC §2.6–2.7 per `width` chunk
   virtual Tensor add(const Tensor& a, const Tensor& b) = 0;                                    // bf16(a + b)
   virtual Tensor scale(const Tensor& x, float s) = 0;                                          // bf16(x · s)
@@ -215,6 +227,9 @@ class Backend {
   virtual void copy_entries(const Tensor& src, const Tensor& dst, EntryPool& pool) = 0;
   // The step's index work on the backend (StepIndexKind): I32 results.
   virtual Tensor step_indices(const StepIndexArgs& args) = 0;
+  // step_indices of each description, in order: the values of those calls (the default makes them;
+  // a backend may run them in one launch). A layer's entry ids, ring slots and lists.
+  virtual std::vector<Tensor> step_index_sets(const std::vector<StepIndexArgs>& sets);
 
   // Sparse attention with sink over per-query entry lists (I32 [T, L], −1 = none), blocks of 64
   // list positions.

@@ -144,6 +144,11 @@ void ProfilingBackend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight
   timed("norm_rope", weights_and(2.0 * head_dim, moved),
         [&] { inner_->norm_rope(x, head_dim, weight, eps, rope_dim, positions, table, fp8_nope); });
 }
+void ProfilingBackend::head_norm_rope(Tensor& x, int head_dim, float eps, int rope_dim, const Tensor& positions,
+                                      const RopeTable& table) {
+  timed("head_norm_rope", act(2 * bytes(x) + bytes(positions)),
+        [&] { inner_->head_norm_rope(x, head_dim, eps, rope_dim, positions, table); });
+}
 void ProfilingBackend::fp8_simulate(Tensor& x, int row_width, int channels) {
   timed("fp8_simulate", act(2 * bytes(x)), [&] { inner_->fp8_simulate(x, row_width, channels); });
 }
@@ -164,7 +169,7 @@ Tensor ProfilingBackend::linear(const Tensor& x, const LinearWeight& w) {
 }
 std::vector<Tensor> ProfilingBackend::linears(const Tensor& x, const std::vector<const LinearWeight*>& ws) {
   if (!on_) return inner_->linears(x, ws);
-  std::string label = "linears";
+  std::string label = ws.size() == 1 ? "linear" : "linears";  // one weight: what linear would say
   double weights = 0, out = 0, flops = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
     label += (i ? " + " : " ") + weight_label(ws[i]->name);
@@ -226,6 +231,11 @@ void ProfilingBackend::copy_entries(const Tensor& src, const Tensor& dst, EntryP
 }
 Tensor ProfilingBackend::step_indices(const StepIndexArgs& args) {
   return timed("step_indices", act(bytes(args.window) + bytes(args.compressed)), [&] { return inner_->step_indices(args); });
+}
+std::vector<Tensor> ProfilingBackend::step_index_sets(const std::vector<StepIndexArgs>& sets) {
+  double tables = 0;
+  for (const StepIndexArgs& a : sets) tables += bytes(a.window) + bytes(a.compressed);
+  return timed("step_indices", act(tables), [&] { return inner_->step_index_sets(sets); });
 }
 Tensor ProfilingBackend::sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
                                           const Tensor& entry_lists, const float* sink, float scale) {

@@ -74,6 +74,8 @@ class ProfilingBackend final : public Backend {
   void rope(Tensor& x, int head_dim, int rope_dim, const Tensor& positions, const RopeTable& table, bool inverse) override;
   void norm_rope(Tensor& x, int head_dim, const uint16_t* weight, float eps, int rope_dim, const Tensor& positions,
                  const RopeTable& table, bool fp8_nope) override;
+  void head_norm_rope(Tensor& x, int head_dim, float eps, int rope_dim, const Tensor& positions,
+                      const RopeTable& table) override;
   void fp8_simulate(Tensor& x, int row_width, int channels) override;
   void hadamard_fp4_simulate(Tensor& x, int width) override;
   Tensor add(const Tensor& a, const Tensor& b) override;
@@ -95,6 +97,7 @@ class ProfilingBackend final : public Backend {
   void write_entries(const Tensor& values, const Tensor& entries, EntryPool& pool) override;
   void copy_entries(const Tensor& src, const Tensor& dst, EntryPool& pool) override;
   Tensor step_indices(const StepIndexArgs& args) override;
+  std::vector<Tensor> step_index_sets(const std::vector<StepIndexArgs>& sets) override;
   Tensor sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool, const Tensor& entry_lists,
                           const float* sink, float scale) override;
   Tensor indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,

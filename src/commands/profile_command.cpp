@@ -193,6 +193,7 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
 
   double replay_ms = 0;
   int64_t replay_items = 0;  // the recording's kernels and copies
+  std::vector<CapturedWork::ItemKind> replay_kinds;
   const bool replayed = ranks.model(0).can_record();
   if (replayed) {
     const std::vector<BatchItem> b = batch();
@@ -216,7 +217,7 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
       auto t0 = clock_type::now();
       for (int i = 0; i < a.steps; ++i) be.replay(*graph);
       be.synchronize();
-      if (rank == 0) replay_ms = ms_since(t0) / a.steps, replay_items = graph->items();
+      if (rank == 0) replay_ms = ms_since(t0) / a.steps, replay_items = graph->items(), replay_kinds = graph->item_kinds();
       m.finish_step(plan, r, b);
     });
   }
@@ -252,6 +253,12 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
                         {"served_step_ms", served_ms}, {"decode_graphs_replayed", graphs.replayed},
                         {"served_steps_planned_ahead", served_ahead},
                         {"step_gbs", step_gbs}, {"copy_gbs", copy_gbs}, {"tokens_per_s", a.batch / (step_ms / 1e3)}};
+    if (replayed) {
+      nlohmann::json kinds = nlohmann::json::array();
+      for (auto& k : replay_kinds)
+        kinds.push_back(nlohmann::json{{"name", k.name}, {"count", k.count}, {"early", k.early}});
+      j["replayed_step_item_kinds"] = kinds;
+    }
     j["profile"] = op_tables_json(ops, c);
     if (flash.valid)
       j["flash_projection"] = {{"swa_ms", flash.swa_ms}, {"csa_ms", flash.csa_ms}, {"hca_ms", flash.hca_ms},
@@ -282,6 +289,15 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
   fmt::print("| tokens/s at this batch | {:.1f} |\n", a.batch / (step_ms / 1e3));
   fmt::print("| prefill of {} × {} tokens (chunks of 2048, eager) | {:.1f} ms |\n\n", a.batch, a.context, prefill_ms);
   print_op_tables(ops, c, copy_gbs, false);
+  if (!replay_kinds.empty()) {
+    int64_t early = 0;
+    for (auto& k : replay_kinds) early += k.early;
+    fmt::print("### the recording's items by kind ({} of {} entered by a programmatic edge: scheduled before the item "
+               "ahead completes)\n\n| item | count | programmatic |\n|---|---:|---:|\n",
+               early, replay_items);
+    for (auto& k : replay_kinds) fmt::print("| {} | {} | {} |\n", k.name, k.count, k.early);
+    fmt::print("\n");
+  }
   if (flash.valid) {
     fmt::print("### projected: DeepSeek-V4-Flash's 43 layers on one GPU (as if it fit)\n\n");
     fmt::print("op sum = {} SWA × {:.1f} µs + {} CSA × {:.1f} µs + {} HCA × {:.1f} µs + embed {:.1f} µs + head {:.1f} µs = {:.3f} ms;\n",

@@ -570,9 +570,10 @@ void Dsv4Model::compress(const CompressorWeights& w, const Tensor& x, const Step
   at.compressed = index_keys ? lp.keys : lp.compressed;
   at.ratio = w.ratio;
   at.count = e;
-  Tensor entry_pos = backend_.step_indices(at);  // entry j starts at position ratio·j
-  at.kind = StepIndexKind::CompressedEntries;
-  Tensor ids = backend_.step_indices(at);
+  StepIndexArgs entries = at;
+  entries.kind = StepIndexKind::CompressedEntries;
+  const std::vector<Tensor> idx = backend_.step_index_sets({at, entries});
+  const Tensor &entry_pos = idx[0], &ids = idx[1];  // entry j starts at position ratio·j
   Tensor u = backend_.to_bf16(pooled);
   backend_.norm_rope(u, d, w.norm, float(c.norm_eps), c.rope_dim, entry_pos, rope, !w.rotate);
   if (w.rotate) backend_.hadamard_fp4_simulate(u, d);
@@ -591,9 +592,12 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
 
   std::vector<Tensor> qa_kv = backend_.linears(x, {&w.wq_a, &w.wkv});
   Tensor qr = backend_.rms_norm(qa_kv[0], w.q_norm, eps);
-  Tensor q = view(backend_.linear(qr, w.wq_b), {T, H, hd});
-  backend_.head_rms_norm(q, hd, eps);
-  backend_.rope(q, hd, c.rope_dim, positions, rope, false);
+  // With the indexer (CSA), its query projection reads qr too: both in one call.
+  std::vector<const LinearWeight*> q_weights = {&w.wq_b};
+  if (block.ratio == 4) q_weights.push_back(&w.indexer.wq_b);
+  std::vector<Tensor> qs = backend_.linears(qr, q_weights);
+  Tensor q = view(qs[0], {T, H, hd});
+  backend_.head_norm_rope(q, hd, eps, c.rope_dim, positions, rope);
   emit("q", l, q);
   Tensor kv = std::move(qa_kv[1]);
   backend_.norm_rope(kv, hd, w.kv_norm, eps, c.rope_dim, positions, rope, true);
@@ -601,6 +605,8 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
 
   // This step's new entries go to scratch pages first: a query sees the new entries of its own
   // chunk before the ring is updated (a chunk may be longer than the window).
+  // The layer's index tables depend only on the step's tables: one call makes them (with the
+  // indexer, the lists wait for its top-k).
   StepIndexArgs ix;
   ix.step = &plan.tables;
   ix.window = lp.window;
@@ -608,7 +614,13 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   ix.scratch = lp.scratch;
   ix.ratio = block.ratio;
   ix.window_size = win;
-  Tensor new_entries = backend_.step_indices(ix);
+  StepIndexArgs ring = ix, li = ix, kc = ix;
+  ring.kind = StepIndexKind::RingSlots;
+  li.kind = StepIndexKind::AttentionLists;
+  li.count = lp.comp_len;
+  kc.kind = StepIndexKind::KeyCounts;
+  const std::vector<Tensor> idx = backend_.step_index_sets({ix, ring, block.ratio == 4 ? kc : li});
+  const Tensor &new_entries = idx[0], &ring_slots = idx[1];
   backend_.write_entries(kv, new_entries, kv_pool);
   if (block.ratio) compress(w.compressor, x, plan, lp, false, rope);
 
@@ -617,32 +629,28 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   if (block.ratio == 4) {
     const IndexerWeights& iw = w.indexer;
     const int Hi = c.index_n_heads, id = c.index_head_dim;
-    Tensor qi = view(backend_.linear(qr, iw.wq_b), {T, Hi, id});
+    Tensor qi = view(qs[1], {T, Hi, id});
     backend_.rope(qi, id, c.rope_dim, positions, rope, false);
     backend_.hadamard_fp4_simulate(qi, id);
     Tensor hw = backend_.linear_bf16(x, iw.weights_proj, Hi, c.dim);
     hw = backend_.scale(hw, float(std::pow(double(id), -0.5) * std::pow(double(Hi), -0.5)));
     compress(iw.compressor, x, plan, lp, true, rope);
-    StepIndexArgs kc = ix;
-    kc.kind = StepIndexKind::KeyCounts;
-    KeyTables keys{lp.keys, plan.tables.row_span, backend_.step_indices(kc), std::max(lp.max_keys, 1)};
+    KeyTables keys{lp.keys, plan.tables.row_span, idx[2], std::max(lp.max_keys, 1)};
     topk = backend_.indexer_topk(qi, hw, Hi, lp.caches->keys.pool(), keys, c.index_topk);
     emit("index_topk", l, topk);
   }
 
   // Per-query entry lists: the window (oldest first, −1 padded to `win`), then the compressed part.
-  StepIndexArgs li = ix;
-  li.kind = StepIndexKind::AttentionLists;
-  li.topk = topk.data ? &topk : nullptr;
-  li.count = lp.comp_len;
-  Tensor lists = backend_.step_indices(li);
+  Tensor lists = idx[2];
+  if (block.ratio == 4) {
+    li.topk = &topk;
+    lists = backend_.step_indices(li);
+  }
   const float scale = float(1.0 / std::sqrt(double(hd)));
   Tensor o = backend_.sparse_attention(q, H, hd, kv_pool, lists, w.sink, scale);
 
   // The ring keeps the last `win` positions of every sequence.
-  StepIndexArgs ring = ix;
-  ring.kind = StepIndexKind::RingSlots;
-  backend_.copy_entries(new_entries, backend_.step_indices(ring), kv_pool);
+  backend_.copy_entries(new_entries, ring_slots, kv_pool);
 
   backend_.rope(o, hd, c.rope_dim, positions, rope, true);  // de-rotate by the query position
   emit("attn_core", l, o);

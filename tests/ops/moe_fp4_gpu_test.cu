@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "backend/cpu/moe_fp4_reference.h"
+#include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/moe_fp4.h"
 #include "core/dtypes.h"
 #include "moe_fp4_test_data.h"
@@ -117,11 +118,25 @@ void check_layer(const MoeFp4Shape& shape, int k, const std::vector<int>& token_
         cuda::moe_fp4_forward_path(path, weights, d_x.get(), tokens, d_ids.get(), d_w.get(), k,
                                    with_shared ? d_shared.get() : nullptr, d_out.get(), ws, stream.get(),
                                    MoeActivationNumerics::Fp8);
-        const ErrorStats g = compare(d_out.download(stream.get()), ref_fp8);
+        const std::vector<uint16_t> fp8_out = d_out.download(stream.get());
+        const ErrorStats g = compare(fp8_out, ref_fp8);
         std::printf("    FP8-grid activations: rel L2 %.2e against the FP8 twin (bound %.2e), NaN %zu\n", g.rel_l2,
                     kW4A8EndToEndBound, g.nans);
         EXPECT_EQ(g.nans, 0u) << "tokens " << tokens << " " << name << " FP8 grid";
         EXPECT_LE(g.rel_l2, kW4A8EndToEndBound) << "tokens " << tokens << " " << name << " FP8 grid";
+        // x rounded by the caller (act_quant_fp8's values, as the CUDA backend passes them): the same bits.
+        DeviceBuffer<uint8_t> d_q(x.size());
+        DeviceBuffer<float> d_s(x.size() / 128);
+        DeviceBuffer<uint16_t> d_xv(x.size());
+        d_xv.fill_bytes(0xff, stream.get());
+        cuda::act_quant_fp8(d_x.get(), tokens, shape.hidden, d_q.get(), d_s.get(), d_xv.get(), stream.get());
+        d_out.fill_bytes(0xff, stream.get());
+        ws.hidden_act.fill_bytes(0xff, stream.get());
+        ws.expert_out.fill_bytes(0xff, stream.get());
+        cuda::moe_fp4_forward_path(path, weights, d_x.get(), tokens, d_ids.get(), d_w.get(), k,
+                                   with_shared ? d_shared.get() : nullptr, d_out.get(), ws, stream.get(),
+                                   MoeActivationNumerics::Fp8, d_xv.get());
+        EXPECT_TRUE(d_out.download(stream.get()) == fp8_out) << "tokens " << tokens << " " << name << " x rounded by act_quant_fp8";
         continue;
       }
       std::vector<uint16_t> hidden = ws.hidden_act.download(stream.get());

@@ -309,6 +309,40 @@ TEST(RowOpsNormRope, SameBitsAsTheOpsInSequence) {
   }
 }
 
+// head_norm_rope against head_rms_norm then rope on the GPU (each held to its CPU twin above).
+void check_head_norm_rope(int64_t rows, int heads, int head_dim) {
+  const int rope_dim = 64;
+  const std::vector<uint16_t> x = random_groups(rows * heads * head_dim, head_dim, -30, 20);
+  std::uniform_int_distribution<int32_t> pos(0, 1000000);
+  std::vector<int32_t> positions(static_cast<size_t>(rows));
+  for (auto& p : positions) p = pos(rng());
+  const std::vector<float> freq = rope_frequencies(true);
+  const float eps = 1e-6f;
+  Stream stream;
+  DeviceBuffer<uint16_t> d_x(x.size()), d_seq(x.size());
+  DeviceBuffer<int32_t> d_pos(positions.size());
+  DeviceBuffer<float> d_freq(freq.size());
+  d_x.upload(x, stream.get());
+  d_seq.upload(x, stream.get());
+  d_pos.upload(positions, stream.get());
+  d_freq.upload(freq, stream.get());
+  head_rms_norm(d_seq.get(), rows * heads, head_dim, eps, stream.get());
+  rope(d_seq.get(), rows, heads, head_dim, rope_dim, d_pos.get(), d_freq.get(), false, stream.get());
+  head_norm_rope(d_x.get(), rows, heads, head_dim, eps, rope_dim, d_pos.get(), d_freq.get(), stream.get());
+  DSV4_CUDA_CHECK_LAUNCH();
+  char what[128];
+  std::snprintf(what, sizeof what, "head_norm_rope %lld × %d × %d", (long long)rows, heads, head_dim);
+  expect_bit_exact(what, d_x.download(stream.get()), d_seq.download(stream.get()));
+}
+
+TEST(RowOpsHeadNormRope, SameBitsAsTheOpsInSequence) {
+  for (int64_t rows : {1, 5, 16, 64}) {
+    check_head_norm_rope(rows, 64, 512);  // Flash q
+    check_head_norm_rope(rows, 4, 512);   // fixture q (a block's heads beyond the row's)
+    check_head_norm_rope(rows, 13, 128);  // heads not a multiple of the block's 8
+  }
+}
+
 // ---- fp8_simulate and hadamard_fp4_simulate (bit-exact) ------------------------------------------
 
 void check_fp8_simulate(int64_t rows, int row_width, int channels) {
@@ -481,6 +515,31 @@ TEST(RowOpsSwiglu, MatchesCpu) {
     }
 }
 
+// The activation simulation from a source buffer: the bits of the in-place form (which the MoE tests
+// hold to the CPU's FP8 numerics), the source unchanged.
+void check_fp8_simulate_activations(int64_t rows, int cols) {
+  const std::vector<uint16_t> x = random_groups(rows * cols, 128, -30, 14);
+  Stream stream;
+  DeviceBuffer<uint16_t> d_src(x.size()), d_out(x.size()), d_in_place(x.size());
+  d_src.upload(x, stream.get());
+  d_in_place.upload(x, stream.get());
+  d_out.fill_bytes(0xff, stream.get());  // poison
+  fp8_simulate_activations(d_in_place.get(), rows, cols, stream.get());
+  fp8_simulate_activations(d_src.get(), d_out.get(), rows, cols, stream.get());
+  DSV4_CUDA_CHECK_LAUNCH();
+  char what[96];
+  std::snprintf(what, sizeof what, "fp8_simulate_activations %lld × %d from a source", (long long)rows, cols);
+  expect_bit_exact(what, d_out.download(stream.get()), d_in_place.download(stream.get()));
+  expect_bit_exact("the source of fp8_simulate_activations", d_src.download(stream.get()), x);
+}
+
+TEST(RowOpsFp8SimulateActivations, FromASourceAsInPlace) {
+  for (int64_t rows : {1, 7, 300}) {
+    check_fp8_simulate_activations(rows, 4096);
+    check_fp8_simulate_activations(rows, 256);
+  }
+}
+
 // ---- small cases for compute-sanitizer -----------------------------------------------------------
 
 TEST(RowOpsSanitizer, Small) {
@@ -492,7 +551,9 @@ TEST(RowOpsSanitizer, Small) {
   check_rope(2, 1, 512, true, true);
   check_norm_rope(3, 4, 128, false);
   check_norm_rope(2, 1, 512, true);
+  check_head_norm_rope(2, 13, 128);
   check_fp8_simulate(3, 512, 448);
+  check_fp8_simulate_activations(2, 256);
   check_hadamard_fp4(3);
   check_add_scale(1000);
   check_f32_to_bf16(1000);

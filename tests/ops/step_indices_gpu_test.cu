@@ -58,7 +58,8 @@ Batch random_batch(int S, int ratio) {
   return b;
 }
 
-void check(const Batch& b, StepIndexKind kind, int ratio) {
+// A description of `kind` over b, without its arrays.
+cpu::StepIndexArrays describe(const Batch& b, StepIndexKind kind, int ratio) {
   cpu::StepIndexArrays a;
   a.kind = kind;
   a.rows = b.rows;
@@ -75,31 +76,54 @@ void check(const Batch& b, StepIndexKind kind, int ratio) {
   }
   if (kind == StepIndexKind::AttentionLists) a.count = ratio == 4 ? kTopk : ratio == 128 ? most / 128 : 0;
   else a.count = completed;
+  return a;
+}
 
-  cpu::StepIndexArrays h = a;
-  h.span_table = b.spans.data(), h.row_span = b.row_span.data(), h.positions = b.positions.data();
-  h.window = b.window.data(), h.compressed = b.compressed.data(), h.scratch = b.scratch.data(), h.topk = b.topk.data();
-  const int64_t size = cpu::step_indices_size(h);
-  std::vector<int32_t> want(size_t(size), 0x7eadbeef);
-  cpu::step_indices_reference(h, want.data());
-
+// The kinds run in one launch (one kind: the single-description call), each output poisoned first
+// and compared value for value with the reference.
+void check(const Batch& b, const std::vector<StepIndexKind>& kinds, int ratio) {
   DeviceBuffer<int32_t> sp(b.spans.size()), rs(b.row_span.size()), ps(b.positions.size()), wn(b.window.size()),
-      cm(b.compressed.size()), sc(b.scratch.size()), tk(b.topk.size()), out(size_t(std::max<int64_t>(size, 1)));
+      cm(b.compressed.size()), sc(b.scratch.size()), tk(b.topk.size());
   Stream stream;
   sp.upload(b.spans, stream.get()), rs.upload(b.row_span, stream.get()), ps.upload(b.positions, stream.get());
   wn.upload(b.window, stream.get()), cm.upload(b.compressed, stream.get()), sc.upload(b.scratch, stream.get());
   tk.upload(b.topk, stream.get());
-  DSV4_CUDA_CHECK(cudaMemsetAsync(out.get(), 0x5a, out.bytes(), stream.get()));  // poison
-  cpu::StepIndexArrays d = a;
-  d.span_table = sp.get(), d.row_span = rs.get(), d.positions = ps.get();
-  d.window = wn.get(), d.compressed = cm.get(), d.scratch = sc.get(), d.topk = tk.get();
-  step_indices(d, size, out.get(), stream.get());
-  std::vector<int32_t> got = out.download(stream.get());
-  got.resize(size_t(size));
-  int64_t bad = 0;
-  for (int64_t i = 0; i < size; ++i) bad += got[size_t(i)] != want[size_t(i)];
-  EXPECT_EQ(bad, 0) << "kind " << int(kind) << " ratio " << ratio << ": " << bad << " of " << size << " values differ";
+  std::vector<cpu::StepIndexArrays> d;
+  std::vector<std::vector<int32_t>> want;
+  std::vector<DeviceBuffer<int32_t>> out;
+  for (StepIndexKind kind : kinds) {
+    const cpu::StepIndexArrays a = describe(b, kind, ratio);
+    cpu::StepIndexArrays h = a;
+    h.span_table = b.spans.data(), h.row_span = b.row_span.data(), h.positions = b.positions.data();
+    h.window = b.window.data(), h.compressed = b.compressed.data(), h.scratch = b.scratch.data(), h.topk = b.topk.data();
+    const int64_t size = cpu::step_indices_size(h);
+    want.emplace_back(size_t(size), 0x7eadbeef);
+    cpu::step_indices_reference(h, want.back().data());
+    out.emplace_back(size_t(std::max<int64_t>(size, 1)));
+    DSV4_CUDA_CHECK(cudaMemsetAsync(out.back().get(), 0x5a, out.back().bytes(), stream.get()));  // poison
+    d.push_back(a);
+    cpu::StepIndexArrays& dev = d.back();
+    dev.span_table = sp.get(), dev.row_span = rs.get(), dev.positions = ps.get();
+    dev.window = wn.get(), dev.compressed = cm.get(), dev.scratch = sc.get(), dev.topk = tk.get();
+  }
+  if (kinds.size() == 1) {
+    step_indices(d[0], out[0].get(), stream.get());
+  } else {
+    std::vector<int32_t*> ptrs;
+    for (auto& o : out) ptrs.push_back(o.get());
+    step_indices(d.data(), ptrs.data(), int(d.size()), stream.get());
+  }
+  for (size_t k = 0; k < kinds.size(); ++k) {
+    std::vector<int32_t> got = out[k].download(stream.get());
+    got.resize(want[k].size());
+    int64_t bad = 0;
+    for (size_t i = 0; i < got.size(); ++i) bad += got[i] != want[k][i];
+    EXPECT_EQ(bad, 0) << "kind " << int(kinds[k]) << " (" << k + 1 << " of " << kinds.size() << " in the launch) ratio "
+                      << ratio << ": " << bad << " of " << got.size() << " values differ";
+  }
 }
+
+void check(const Batch& b, StepIndexKind kind, int ratio) { check(b, std::vector<StepIndexKind>{kind}, ratio); }
 
 TEST(StepIndicesGpu, EveryKindMatchesTheReference) {
   for (int ratio : {0, 4, 128})
@@ -113,6 +137,23 @@ TEST(StepIndicesGpu, EveryKindMatchesTheReference) {
           check(b, StepIndexKind::CompressedEntries, ratio);
           check(b, StepIndexKind::CompressedPositions, ratio);
           check(b, StepIndexKind::KeyCounts, ratio);
+        }
+      }
+}
+
+// A layer's tables in one launch, as the model asks for them: sizes from a handful of values to
+// thousands, every description's output its own.
+TEST(StepIndicesGpu, SeveralDescriptionsInOneLaunch) {
+  for (int ratio : {0, 4, 128})
+    for (int S : {1, 5, 64})
+      for (int rep = 0; rep < 2; ++rep) {
+        const Batch b = random_batch(S, ratio);
+        check(b, {StepIndexKind::NewEntries, StepIndexKind::RingSlots, StepIndexKind::AttentionLists}, ratio);
+        if (ratio) {
+          check(b, {StepIndexKind::NewEntries, StepIndexKind::RingSlots, StepIndexKind::KeyCounts}, ratio);
+          check(b, {StepIndexKind::CompressedPositions, StepIndexKind::CompressedEntries}, ratio);
+          check(b, {StepIndexKind::CompressedEntries, StepIndexKind::NewEntries, StepIndexKind::AttentionLists,
+                    StepIndexKind::RingSlots}, ratio);
         }
       }
 }

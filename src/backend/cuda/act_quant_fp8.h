@@ -13,6 +13,16 @@ namespace dsv4::cuda {
 // Launched as a programmatic dependent (reads x after the previous kernel's writes are visible).
 void act_quant_fp8(const uint16_t* x, int rows, int cols, uint8_t* q, float* scales, cudaStream_t stream);
 
+// The same, and the quantised values as bf16 into values [rows, cols] (code · scale, exact): SPEC §2.2's
+// quantisation as values, the bits of fp8_simulate_activations (row_ops.h).
+void act_quant_fp8(const uint16_t* x, int rows, int cols, uint8_t* q, float* scales, uint16_t* values,
+                   cudaStream_t stream);
+
+// act_quant_fp8 of swiglu(gate, up, limit) (row_ops.h swiglu without row weights), [rows, cols]: the bits
+// of the two in sequence; the SwiGLU's bf16 values are not stored.
+void swiglu_act_quant_fp8(const uint16_t* gate, const uint16_t* up, int rows, int cols, float limit, uint8_t* q,
+                          float* scales, cudaStream_t stream);
+
 // The same codes and scales with the scales in the layout cuBLASLt's VEC128_32F block scaling takes
 // for a GEMM's B operand (linear_gemm.h): scales[b · padded_rows + r], f32 [cols/128, padded_rows].
 // The rows rows … padded_rows − 1 (the GEMM's padding to a multiple of 4) get zero codes and zero

@@ -2,8 +2,12 @@
 // caches and the compressor are in cuda_backend_attention.cpp, the MoE in cuda_backend_moe.cpp.
 #include "backend/cuda/cuda_backend.h"
 
+#include <cxxabi.h>
+
 #include <algorithm>
 #include <bit>
+#include <cstdlib>
+#include <memory>
 
 #include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/hyper_connection.h"
@@ -109,12 +113,76 @@ std::string CudaBackend::name() const {
 void CudaBackend::synchronize() { stream_.sync(); }
 
 namespace {
+// "dsv4::cuda::(anonymous namespace)::rope_kernel(…)" → "rope_kernel"; template arguments stay.
+std::string kernel_name(const void* func) {
+  const char* mangled = nullptr;
+  if (cudaFuncGetName(&mangled, func) != cudaSuccess || !mangled) return "kernel";
+  int status = 0;
+  std::unique_ptr<char, void (*)(void*)> plain(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
+  std::string name = status == 0 && plain ? plain.get() : mangled;
+  int depth = 0;
+  size_t cut = name.size(), scope = 0;
+  for (size_t i = 0; i < name.size() && cut == name.size(); ++i) {
+    const char ch = name[i];
+    if (ch == '<') ++depth;
+    else if (ch == '>') --depth;
+    else if (ch == '(' && depth == 0 && name.compare(i, 21, "(anonymous namespace)") != 0) cut = i;
+    else if (ch == ':' && depth == 0 && i + 1 < name.size() && name[i + 1] == ':') scope = i + 2;
+  }
+  return name.substr(scope, cut - scope);
+}
+
+const char* node_kind(cudaGraphNodeType type) {
+  switch (type) {
+    case cudaGraphNodeTypeMemcpy: return "copy";
+    case cudaGraphNodeTypeMemset: return "set";
+    case cudaGraphNodeTypeHost: return "host function";
+    case cudaGraphNodeTypeEventRecord: return "event record";
+    case cudaGraphNodeTypeWaitEvent: return "event wait";
+    case cudaGraphNodeTypeEmpty: return "empty";
+    default: return "other";
+  }
+}
+
 struct CudaGraph final : CapturedWork {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
   int64_t items() const override {
     size_t n = 0;
     return graph && cudaGraphGetNodes(graph, nullptr, &n) == cudaSuccess ? int64_t(n) : 0;
+  }
+  std::vector<ItemKind> item_kinds() const override {
+    size_t n = 0, edges = 0;
+    if (!graph || cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess ||
+        cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges) != cudaSuccess)
+      return {};
+    std::vector<cudaGraphNode_t> nodes(n), from(edges), to(edges);
+    std::vector<cudaGraphEdgeData> data(edges);
+    if (cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess ||
+        (edges && cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &edges) != cudaSuccess))
+      return {};
+    std::vector<cudaGraphNode_t> early;
+    for (size_t e = 0; e < edges; ++e)
+      if (data[e].type == cudaGraphDependencyTypeProgrammatic) early.push_back(to[e]);
+    std::sort(early.begin(), early.end());
+    std::vector<ItemKind> kinds;
+    for (cudaGraphNode_t node : nodes) {
+      cudaGraphNodeType type{};
+      std::string name = "other";
+      if (cudaGraphNodeGetType(node, &type) == cudaSuccess) {
+        cudaKernelNodeParams p{};
+        name = type != cudaGraphNodeTypeKernel ? node_kind(type)
+               : cudaGraphKernelNodeGetParams(node, &p) == cudaSuccess ? kernel_name(p.func)
+                                                                       : "kernel";
+      }
+      auto it = std::find_if(kinds.begin(), kinds.end(), [&](const ItemKind& k) { return k.name == name; });
+      if (it == kinds.end()) it = kinds.insert(kinds.end(), ItemKind{name});
+      ++it->count;
+      it->early += std::binary_search(early.begin(), early.end(), node);
+    }
+    (void)cudaGetLastError();  // a node the queries could not read is named "kernel" or "other"
+    std::stable_sort(kinds.begin(), kinds.end(), [](const ItemKind& a, const ItemKind& b) { return a.count > b.count; });
+    return kinds;
   }
   ~CudaGraph() override {
     if (exec) cudaGraphExecDestroy(exec);
@@ -282,6 +350,21 @@ void CudaBackend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight, flo
                   positions.ptr<int32_t>(), table.device, fp8_nope, stream());
 }
 
+void CudaBackend::head_norm_rope(Tensor& x, int head_dim, float eps, int rope_dim, const Tensor& positions,
+                                 const RopeTable& table) {
+  // One launch for a decode step's rows; a prefill chunk's thousands of rows run the two kernels,
+  // which spread its heads better (row_ops.cu).
+  constexpr int64_t kFusedRows = 64;
+  const int64_t rows = x.rows();
+  if (rows > kFusedRows) return Backend::head_norm_rope(x, head_dim, eps, rope_dim, positions, table);
+  if (!rows) return;
+  DSV4_CHECK(positions.numel() == rows && positions.dtype == DType::I32, "head_norm_rope: {} positions for {} rows",
+             positions.numel(), rows);
+  DSV4_CHECK(table.device, "head_norm_rope: the frequency table was not placed on the device");
+  cuda::head_norm_rope(x.ptr<uint16_t>(), rows, int(x.numel() / rows / head_dim), head_dim, eps, rope_dim,
+                       positions.ptr<int32_t>(), table.device, stream());
+}
+
 void CudaBackend::fp8_simulate(Tensor& x, int row_width, int channels) {
   cuda::fp8_simulate(x.ptr<uint16_t>(), x.numel() / row_width, row_width, channels, stream());
 }
@@ -350,6 +433,16 @@ std::vector<Tensor> CudaBackend::fp8_linears(const Tensor& x, const std::vector<
   Tensor s = alloc(DType::F32, {rows, K / 128});
   act_quant_fp8(x.ptr<uint16_t>(), int(rows), K, q.ptr<uint8_t>(), s.ptr<float>(), stream());
   DSV4_CUDA_CHECK_LAUNCH();
+  fp8_linears_quantised(q, s, ws, f32, out);
+  return out;
+}
+
+void CudaBackend::fp8_linears_quantised(const Tensor& q, const Tensor& s, const std::vector<const LinearWeight*>& ws,
+                                        bool f32, std::vector<Tensor>& out) {
+  const int64_t rows = q.rows();
+  const int K = ws.at(0)->in;
+  DSV4_CHECK(q.numel() == rows * K && s.numel() == rows * (K / 128) && out.size() == ws.size(),
+             "fp8 linears: {} codes, {} scales for {} rows of {}", q.numel(), s.numel(), rows, K);
   Tensor xb;  // the exact bf16 values of the quantised x, made once for the weights that run as GEMMs
   std::vector<Fp8LinearOut> kernel_outs;
   for (size_t i = 0; i < ws.size(); ++i) {
@@ -371,7 +464,6 @@ std::vector<Tensor> CudaBackend::fp8_linears(const Tensor& x, const std::vector<
   if (!kernel_outs.empty())
     linear_fp8_block_quantised(q.ptr<uint8_t>(), s.ptr<float>(), rows, K, kernel_outs.data(), int(kernel_outs.size()),
                                stream(), f32);
-  return out;
 }
 
 void CudaBackend::dense_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups,

@@ -91,6 +91,8 @@ class CudaBackend final : public Backend {
             bool inverse) override;
   void norm_rope(Tensor& x, int head_dim, const uint16_t* weight, float eps, int rope_dim, const Tensor& positions,
                  const RopeTable& table, bool fp8_nope) override;
+  void head_norm_rope(Tensor& x, int head_dim, float eps, int rope_dim, const Tensor& positions,
+                      const RopeTable& table) override;
   void fp8_simulate(Tensor& x, int row_width, int channels) override;
   void hadamard_fp4_simulate(Tensor& x, int width) override;
   Tensor add(const Tensor& a, const Tensor& b) override;
@@ -113,6 +115,7 @@ class CudaBackend final : public Backend {
   void write_entries(const Tensor& values, const Tensor& entries, EntryPool& pool) override;
   void copy_entries(const Tensor& src, const Tensor& dst, EntryPool& pool) override;
   Tensor step_indices(const StepIndexArgs& args) override;
+  std::vector<Tensor> step_index_sets(const std::vector<StepIndexArgs>& sets) override;
   Tensor sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool, const Tensor& entry_lists,
                           const float* sink, float scale) override;
   Tensor indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
@@ -145,8 +148,20 @@ class CudaBackend final : public Backend {
   // kernel by its rows and shape, the kernel's weights in one launch. bf16 results, or with f32
   // linear_partial's.
   std::vector<Tensor> fp8_linears(const Tensor& x, const std::vector<const LinearWeight*>& ws, bool f32);
-  // The shared expert's SwiGLU hidden (SPEC §3.7) on the FP8 linears: bf16 [T, I].
-  Tensor shared_expert_hidden(const Tensor& x, const ExpertWeights& shared, float swiglu_limit);
+  // The same from x quantised already (act_quant_fp8's codes q [rows, K] and scales s): into out, one
+  // tensor per weight, allocated by the caller.
+  void fp8_linears_quantised(const Tensor& q, const Tensor& s, const std::vector<const LinearWeight*>& ws, bool f32,
+                             std::vector<Tensor>& out);
+  // The MoE's input x quantised once (act_quant_fp8): codes and scales for the shared expert's FP8
+  // linears, and with `values` x on the FP8 grid in bf16 for the routed experts' W4A16 paths.
+  struct MoeInput {
+    Tensor q, s, values;
+  };
+  MoeInput quantise_moe_input(const Tensor& x, bool values);
+  // The shared expert (SPEC §3.7): w2(swiglu(w1·x, w3·x)), bf16 or (f32) linear_partial's. FP8 weights
+  // take x's codes and scales from `in` and the SwiGLU goes straight to FP8 for w2 (one launch);
+  // other formats run the linears.
+  Tensor shared_expert(const Tensor& x, const MoeInput& in, const ExpertWeights& shared, float swiglu_limit, bool f32);
   // The bf16-weight linears (linear_bf16w's arguments): cuBLASLt where the path mode and the rows
   // choose it and it can run the shape with bf16 x, else the CUDA-core kernel.
   void dense_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,

@@ -69,12 +69,23 @@ void CudaBackend::copy_entries(const Tensor& src, const Tensor& dst, EntryPool& 
   copy_kv_entries(src.ptr<int32_t>(), dst.ptr<int32_t>(), int(src.numel()), pool.storage.ptr<uint8_t>(), stream());
 }
 
-Tensor CudaBackend::step_indices(const StepIndexArgs& args) {
-  const cpu::StepIndexArrays a = cpu::step_index_arrays(args);
-  const int64_t size = cpu::step_indices_size(a);
-  Tensor out = alloc(DType::I32, {size});
-  cuda::step_indices(a, size, out.ptr<int32_t>(), stream());
-  if (args.kind == StepIndexKind::AttentionLists) out.shape = {a.rows, a.window_size + a.count};
+Tensor CudaBackend::step_indices(const StepIndexArgs& args) { return step_index_sets({args})[0]; }
+
+std::vector<Tensor> CudaBackend::step_index_sets(const std::vector<StepIndexArgs>& sets) {
+  std::vector<Tensor> out;
+  for (size_t k0 = 0; k0 < sets.size(); k0 += kMaxStepIndexSets) {
+    const int n = int(std::min<size_t>(sets.size() - k0, kMaxStepIndexSets));
+    cpu::StepIndexArrays a[kMaxStepIndexSets];
+    int32_t* ptr[kMaxStepIndexSets] = {};
+    for (int k = 0; k < n; ++k) {
+      a[k] = cpu::step_index_arrays(sets[k0 + size_t(k)]);
+      Tensor t = alloc(DType::I32, {cpu::step_indices_size(a[k])});
+      if (a[k].kind == StepIndexKind::AttentionLists) t.shape = {a[k].rows, a[k].window_size + a[k].count};
+      ptr[k] = t.ptr<int32_t>();
+      out.push_back(std::move(t));
+    }
+    cuda::step_indices(a, ptr, n, stream());
+  }
   return out;
 }
 

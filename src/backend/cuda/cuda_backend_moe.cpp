@@ -6,6 +6,7 @@
 #include <cstdlib>
 #include <string>
 
+#include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/moe_fp4.h"
 #include "backend/cuda/moe_fp4_repack.h"
@@ -94,14 +95,38 @@ Routing CudaBackend::route(const Tensor& x, const MoeWeights& w, const Tensor& t
   return r;
 }
 
-Tensor CudaBackend::shared_expert_hidden(const Tensor& x, const ExpertWeights& shared, float swiglu_limit) {
+CudaBackend::MoeInput CudaBackend::quantise_moe_input(const Tensor& x, bool values) {
+  const int64_t T = x.rows(), D = x.numel() / std::max<int64_t>(T, 1);
+  MoeInput in;
+  if (!T || D % 128) return in;
+  in.q = alloc(DType::U8, {T, D});
+  in.s = alloc(DType::F32, {T, D / 128});
+  if (values) in.values = alloc(DType::BF16, {T, D});
+  act_quant_fp8(x.ptr<uint16_t>(), int(T), int(D), in.q.ptr<uint8_t>(), in.s.ptr<float>(),
+                values ? in.values.ptr<uint16_t>() : nullptr, stream());
+  return in;
+}
+
+Tensor CudaBackend::shared_expert(const Tensor& x, const MoeInput& in, const ExpertWeights& shared, float swiglu_limit,
+                                  bool f32) {
   const int64_t T = x.rows();
-  const std::vector<Tensor> gu = linears(x, {&shared.w1, &shared.w3});
-  const Tensor &g = gu[0], &u = gu[1];
   const int I = shared.w1.out;
-  Tensor h = alloc(DType::BF16, {T, I});
-  swiglu(g.ptr<uint16_t>(), u.ptr<uint16_t>(), T, I, swiglu_limit, nullptr, h.ptr<uint16_t>(), stream());
-  return h;
+  const auto fp8 = [&](const LinearWeight& w) { return w.format == WeightFormat::FP8_BLOCK && w.in % 128 == 0; };
+  if (!in.q.data || !fp8(shared.w1) || !fp8(shared.w3) || !fp8(shared.w2) || shared.w1.in != shared.w3.in ||
+      shared.w3.out != I || shared.w2.in != I) {
+    const std::vector<Tensor> gu = linears(x, {&shared.w1, &shared.w3});
+    Tensor h = alloc(DType::BF16, {T, I});
+    swiglu(gu[0].ptr<uint16_t>(), gu[1].ptr<uint16_t>(), T, I, swiglu_limit, nullptr, h.ptr<uint16_t>(), stream());
+    return f32 ? linear_partial(h, shared.w2) : linear(h, shared.w2);
+  }
+  std::vector<Tensor> gu = {alloc(DType::BF16, {T, I}), alloc(DType::BF16, {T, I})};
+  fp8_linears_quantised(in.q, in.s, {&shared.w1, &shared.w3}, false, gu);
+  Tensor hq = alloc(DType::U8, {T, I}), hs = alloc(DType::F32, {T, I / 128});
+  swiglu_act_quant_fp8(gu[0].ptr<uint16_t>(), gu[1].ptr<uint16_t>(), int(T), I, swiglu_limit, hq.ptr<uint8_t>(),
+                       hs.ptr<float>(), stream());
+  std::vector<Tensor> y = {alloc(f32 ? DType::F32 : DType::BF16, {T, shared.w2.out})};
+  fp8_linears_quantised(hq, hs, {&shared.w2}, f32, y);
+  return y[0];
 }
 
 namespace {
@@ -123,13 +148,16 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeig
   Tensor out = alloc(DType::BF16, {T, D});
   if (!T) return out;
   const int k = int(r.ids.numel() / T);
-  // Shared expert (SPEC §3.7): the routed experts' SwiGLU on the FP8 linears, no routing weight.
-  Tensor ys = linear(shared_expert_hidden(x, w.shared, swiglu_limit), w.shared.w2);
   const MoeFp4Weights& mw = prepared_weights(w);
+  const MoeFp4Path path = moe_path(mw.shape(), int(T), k);
+  // x quantised once: the shared expert's FP8 input, and (W4A16 paths) the routed experts' FP8-grid x.
+  const MoeInput in = quantise_moe_input(x, path != MoeFp4Path::W4A8);
+  // Shared expert (SPEC §3.7): the routed experts' SwiGLU on the FP8 linears, no routing weight.
+  Tensor ys = shared_expert(x, in, w.shared, swiglu_limit, false);
   MoeWorkspace& ws = moe_workspace(mw.shape(), int(T), k);
-  moe_fp4_forward_path(moe_path(mw.shape(), int(T), k), mw, x.ptr<uint16_t>(), int(T), r.ids.ptr<int32_t>(),
-                       r.weights.ptr<float>(), k, ys.ptr<uint16_t>(), out.ptr<uint16_t>(), ws, stream(),
-                       MoeActivationNumerics::Fp8);
+  moe_fp4_forward_path(path, mw, x.ptr<uint16_t>(), int(T), r.ids.ptr<int32_t>(), r.weights.ptr<float>(), k,
+                       ys.ptr<uint16_t>(), out.ptr<uint16_t>(), ws, stream(), MoeActivationNumerics::Fp8,
+                       in.values.data ? in.values.ptr<uint16_t>() : nullptr);
   return out;
 }
 
@@ -138,9 +166,11 @@ Tensor CudaBackend::moe_expert_partials(const Tensor& x, const Routing& r, const
   const int k = T ? int(r.ids.numel() / T) : 0;
   Tensor out = alloc(DType::F32, {T, k + 1, D});
   if (!T) return out;
-  // The shared expert's intermediate is split like a tensor-parallel expert's: its w2 partial.
-  Tensor ys = linear_partial(shared_expert_hidden(x, w.shared, swiglu_limit), w.shared.w2);
   const MoeFp4Weights& mw = prepared_weights(w);
+  const MoeFp4Path path = moe_path(mw.shape(), int(T), k);
+  const MoeInput in = quantise_moe_input(x, path != MoeFp4Path::W4A8);
+  // The shared expert's intermediate is split like a tensor-parallel expert's: its w2 partial.
+  Tensor ys = shared_expert(x, in, w.shared, swiglu_limit, true);
   const int local = mw.shape().experts;
   // Expert parallelism: the pairs of experts this rank holds, by local index (the others → −1).
   Tensor local_ids = r.ids;
@@ -149,9 +179,9 @@ Tensor CudaBackend::moe_expert_partials(const Tensor& x, const Routing& r, const
     moe_local_expert_ids(r.ids.ptr<int32_t>(), T * k, w.expert_begin, local, local_ids.ptr<int32_t>(), stream());
   }
   MoeWorkspace& ws = moe_workspace(mw.shape(), int(T), k);
-  moe_fp4_partials(moe_path(mw.shape(), int(T), k), mw, x.ptr<uint16_t>(), int(T), local_ids.ptr<int32_t>(),
-                   r.weights.ptr<float>(), k, ys.ptr<float>(), out.ptr<float>(), ws, stream(),
-                   MoeActivationNumerics::Fp8);
+  moe_fp4_partials(path, mw, x.ptr<uint16_t>(), int(T), local_ids.ptr<int32_t>(), r.weights.ptr<float>(), k,
+                   ys.ptr<float>(), out.ptr<float>(), ws, stream(), MoeActivationNumerics::Fp8,
+                   in.values.data ? in.values.ptr<uint16_t>() : nullptr);
   return out;
 }
 

@@ -5,6 +5,7 @@
 #include <cuda_fp8.h>
 
 #include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/ptx_primitives.cuh"
 #include "backend/cuda/quant_math.cuh"
 #include "backend/kv_cache_layout.h"
 
@@ -38,6 +39,8 @@ __device__ __forceinline__ uint32_t to_e2m1(float v) {
 // lanes 28..31 copy 16 rope values each.
 __global__ void append_kv_entries_kernel(const __nv_bfloat16* __restrict__ values, const int32_t* __restrict__ ids,
                                          int n, uint8_t* __restrict__ pool) {
+  pdl_wait();  // the values (and ids) come from earlier kernels
+  pdl_launch_dependents();
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= n) return;
@@ -82,6 +85,8 @@ __global__ void append_kv_entries_kernel(const __nv_bfloat16* __restrict__ value
 template <bool kFp4>
 __global__ void append_index_keys_kernel(const __nv_bfloat16* __restrict__ values, const int32_t* __restrict__ ids,
                                          int n, uint8_t* __restrict__ pool) {
+  pdl_wait();  // the values (and ids) come from earlier kernels
+  pdl_launch_dependents();
   const int row = blockIdx.x * (blockDim.x / 32) + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= n) return;
@@ -116,6 +121,8 @@ constexpr int kWarpsPerBlock = 8;
 // One warp per entry: 576 data bytes as 36 × 16 bytes, then the 8 scale bytes.
 __global__ void copy_kv_entries_kernel(const int32_t* __restrict__ src_ids, const int32_t* __restrict__ dst_ids, int n,
                                        uint8_t* __restrict__ pool) {
+  pdl_wait();  // the ids and the source entries come from earlier kernels
+  pdl_launch_dependents();
   const int row = blockIdx.x * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (row >= n) return;
@@ -134,7 +141,8 @@ template <typename Kernel>
 void launch_per_entry(Kernel kernel, const __nv_bfloat16* values, const int32_t* entry_ids, int n, uint8_t* pool,
                       cudaStream_t stream) {
   if (n <= 0) return;
-  kernel<<<(n + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream>>>(values, entry_ids, n, pool);
+  launch_programmatic(kernel, dim3(unsigned((n + kWarpsPerBlock - 1) / kWarpsPerBlock)), dim3(kWarpsPerBlock * 32), 0, stream,
+                      values, entry_ids, n, pool);
   DSV4_CUDA_CHECK_LAUNCH();
 }
 
@@ -157,8 +165,8 @@ void append_index_keys_fp8(const __nv_bfloat16* values, const int32_t* entry_ids
 
 void copy_kv_entries(const int32_t* src_ids, const int32_t* dst_ids, int n, uint8_t* pool, cudaStream_t stream) {
   if (n <= 0) return;
-  copy_kv_entries_kernel<<<(n + kWarpsPerBlock - 1) / kWarpsPerBlock, kWarpsPerBlock * 32, 0, stream>>>(src_ids, dst_ids,
-                                                                                                     n, pool);
+  launch_programmatic(copy_kv_entries_kernel, dim3(unsigned((n + kWarpsPerBlock - 1) / kWarpsPerBlock)),
+                      dim3(kWarpsPerBlock * 32), 0, stream, src_ids, dst_ids, n, pool);
   DSV4_CUDA_CHECK_LAUNCH();
 }
 

@@ -257,14 +257,16 @@ void run_w4a8(const MoeFp4Weights& w, const uint16_t* x, int tokens, const float
 }
 
 template <MoeFp4Format F>
-void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int tokens, const float* topk_weights,
-              int k, float* partials, MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics) {
+void run_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, const uint16_t* x_fp8, int tokens,
+              const float* topk_weights, int k, float* partials, MoeWorkspace& ws, cudaStream_t stream,
+              MoeActivationNumerics numerics) {
   const int D = w.shape().hidden, I = w.shape().inter;
   const int max_slots = std::min(w.shape().experts, tokens * k);
   const bool fp8 = numerics == MoeActivationNumerics::Fp8;
-  if (fp8) {  // x on the FP8 grid, in expert_out (free until the down GEMM writes it)
-    DSV4_CUDA_CHECK(cudaMemcpyAsync(ws.expert_out.get(), x, size_t(tokens) * D * 2, cudaMemcpyDeviceToDevice, stream));
-    fp8_simulate_activations(ws.expert_out.get(), tokens, D, stream);
+  if (fp8 && x_fp8) {
+    x = x_fp8;  // the caller rounded it
+  } else if (fp8) {  // x on the FP8 grid, in expert_out (free until the down GEMM writes it)
+    fp8_simulate_activations(x, ws.expert_out.get(), tokens, D, stream);
     x = ws.expert_out.get();
   }
   // The SwiGLU output on the FP8 grid before the down GEMM (every pair's row; unused rows are never read).
@@ -372,9 +374,9 @@ namespace {
 
 // Routing and both GEMMs of the forward: each pair's bf16 output in ws.expert_out, or with
 // `partials` its f32 output there (moe_fp4_partials).
-void run_experts(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int tokens, const int32_t* topk_ids,
-                 const float* topk_weights, int k, float* partials, MoeWorkspace& ws, cudaStream_t stream,
-                 MoeActivationNumerics numerics) {
+void run_experts(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, const uint16_t* x_fp8, int tokens,
+                 const int32_t* topk_ids, const float* topk_weights, int k, float* partials, MoeWorkspace& ws,
+                 cudaStream_t stream, MoeActivationNumerics numerics) {
   const MoeFp4Shape& s = w.shape();
   if (tokens > ws.max_tokens() || k != ws.k())
     fail("moe_fp4_forward: {} tokens × k {} exceed the workspace ({} tokens × k {})", tokens, k, ws.max_tokens(), ws.k());
@@ -387,9 +389,9 @@ void run_experts(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int
     if (ws.act_fp8.size() == 0 || !w.has_w4a8()) fail("moe_fp4_forward: W4A8 needs an MXFP4 layer and workspace");
     run_w4a8(w, x, tokens, topk_weights, k, partials, ws, stream);
   } else if (s.format == MoeFp4Format::Mxfp4) {
-    run_path<MoeFp4Format::Mxfp4>(path, w, x, tokens, topk_weights, k, partials, ws, stream, numerics);
+    run_path<MoeFp4Format::Mxfp4>(path, w, x, x_fp8, tokens, topk_weights, k, partials, ws, stream, numerics);
   } else {
-    run_path<MoeFp4Format::Nvfp4>(path, w, x, tokens, topk_weights, k, partials, ws, stream, numerics);
+    run_path<MoeFp4Format::Nvfp4>(path, w, x, x_fp8, tokens, topk_weights, k, partials, ws, stream, numerics);
   }
 }
 
@@ -397,17 +399,18 @@ void run_experts(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int
 
 void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int tokens,
                           const int32_t* topk_ids, const float* topk_weights, int k, const uint16_t* shared_or_null,
-                          uint16_t* out, MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics) {
+                          uint16_t* out, MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics,
+                          const uint16_t* x_fp8) {
   if (tokens <= 0) return;
-  run_experts(path, w, x, tokens, topk_ids, topk_weights, k, nullptr, ws, stream, numerics);
+  run_experts(path, w, x, x_fp8, tokens, topk_ids, topk_weights, k, nullptr, ws, stream, numerics);
   moe_combine(ws.expert_out.get(), topk_ids, tokens, k, w.shape().experts, w.shape().hidden, shared_or_null, out, stream);
 }
 
 void moe_fp4_partials(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int tokens, const int32_t* topk_ids,
                       const float* topk_weights, int k, const float* shared_or_null, float* partials, MoeWorkspace& ws,
-                      cudaStream_t stream, MoeActivationNumerics numerics) {
+                      cudaStream_t stream, MoeActivationNumerics numerics, const uint16_t* x_fp8) {
   if (tokens <= 0) return;
-  run_experts(path, w, x, tokens, topk_ids, topk_weights, k, partials, ws, stream, numerics);
+  run_experts(path, w, x, x_fp8, tokens, topk_ids, topk_weights, k, partials, ws, stream, numerics);
   moe_partials_finish(topk_ids, tokens, k, w.shape().experts, w.shape().hidden, shared_or_null, partials, stream);
 }
 

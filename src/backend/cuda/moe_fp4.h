@@ -132,7 +132,9 @@ const char* moe_fp4_path_name(MoeFp4Path path);
 // Fp8 first rounds x and the SwiGLU output to the reference's FP8 grid per 128 channels (SPEC §2.2,
 // as bf16 values: exact), so they compute the reference's expert numerics up to summation order —
 // what the golden tests hold the model to. W4A8 is FP8 either way. Fp8 needs x distinct from the
-// workspace (it is copied into ws.expert_out, which the down GEMM overwrites later).
+// workspace (its rounded copy goes to ws.expert_out, which the down GEMM overwrites later). x_fp8
+// (optional, Fp8 only): x already on that grid (act_quant_fp8's values of x), which the W4A16 paths
+// then read instead of rounding x themselves (W4A8 quantises x as always).
 void moe_fp4_forward(const MoeFp4Weights& weights, const uint16_t* x, int tokens, const int32_t* topk_ids,
                      const float* topk_weights, int k, const uint16_t* shared_or_null, uint16_t* out,
                      MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics = MoeActivationNumerics::Bf16);
@@ -140,7 +142,7 @@ void moe_fp4_forward(const MoeFp4Weights& weights, const uint16_t* x, int tokens
 void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& weights, const uint16_t* x, int tokens,
                           const int32_t* topk_ids, const float* topk_weights, int k,
                           const uint16_t* shared_or_null, uint16_t* out, MoeWorkspace& ws, cudaStream_t stream,
-                          MoeActivationNumerics numerics = MoeActivationNumerics::Bf16);
+                          MoeActivationNumerics numerics = MoeActivationNumerics::Bf16, const uint16_t* x_fp8 = nullptr);
 
 // A tensor-parallel rank's part of the forward (Backend::moe_expert_partials): partials f32
 // [tokens, k + 1, D] get, in row t·(k+1)+j, pair (t, j)'s down output before its bf16 rounding —
@@ -151,7 +153,7 @@ void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& weights, const u
 void moe_fp4_partials(MoeFp4Path path, const MoeFp4Weights& weights, const uint16_t* x, int tokens,
                       const int32_t* topk_ids, const float* topk_weights, int k, const float* shared_or_null,
                       float* partials, MoeWorkspace& ws, cudaStream_t stream,
-                      MoeActivationNumerics numerics = MoeActivationNumerics::Bf16);
+                      MoeActivationNumerics numerics = MoeActivationNumerics::Bf16, const uint16_t* x_fp8 = nullptr);
 
 // Routing-side kernels (moe_routing.cu).
 // Groups the tokens·k pairs by expert into ws (slots, sorted_pairs and, with_passes, the passes the

@@ -146,6 +146,9 @@ __device__ __forceinline__ void fence_proxy_async() { asm volatile("fence.proxy.
 // Waits until the grids this one depends on have completed and their writes are visible.
 __device__ __forceinline__ void pdl_wait() { asm volatile("griddepcontrol.wait;\n" ::: "memory"); }
 // Lets the next kernel in the stream be scheduled now (it still waits for this one in pdl_wait()).
+// The kernels call it after their own wait, so the launch front stays one kernel ahead: triggering
+// before the wait let it run several kernels ahead, and the decode step at batch 1 got 4% slower on
+// the H200 (docs/perf/2026-12-03-launch-front.md).
 __device__ __forceinline__ void pdl_launch_dependents() { asm volatile("griddepcontrol.launch_dependents;\n" ::: "memory"); }
 
 }  // namespace dsv4::cuda

@@ -84,6 +84,17 @@ __device__ __forceinline__ float warp_max(float v) {
   return v;
 }
 
+// The clamped SwiGLU of one element before its bf16 rounding (SPEC §3.7, cpu_moe.cpp run_expert): if
+// limit > 0, up is clamped to ±limit and gate to ≤ limit; silu(gate)·up. expf is within 2 ulp of the
+// CPU's std::exp: the bf16 output then differs only on rare ties.
+__device__ __forceinline__ float swiglu_value(float g, float u, float limit) {
+  if (limit > 0) {
+    u = fminf(fmaxf(u, -limit), limit);
+    g = fminf(g, limit);
+  }
+  return __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+}
+
 // e4m3 of clamp(v, ±448), round to nearest even.
 __device__ __forceinline__ uint8_t to_e4m3(float v) {
   v = fminf(fmaxf(v, -448.f), 448.f);

@@ -109,15 +109,8 @@ __global__ void __launch_bounds__(kBlockThreads) rms_norm_kernel(const uint16_t*
   }
 }
 
-// A warp per head.
-__global__ void __launch_bounds__(kBlockThreads) head_rms_norm_kernel(uint16_t* __restrict__ x, int64_t heads,
-                                                                      int head_dim, float eps) {
-  pdl_wait();
-  pdl_launch_dependents();
-  const int64_t head = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (head >= heads) return;  // whole warps leave together
-  uint16_t* v = x + head * head_dim;
+// SPEC §3.11.3's per-head norm of the warp's head of head_dim, in place.
+__device__ __forceinline__ void head_rms_norm_warp(uint16_t* v, int head_dim, float eps, int lane) {
   float sum = 0;
   for (int i = lane; i < head_dim; i += 32) {
     const float f = bf16_value(v[i]);
@@ -128,6 +121,54 @@ __global__ void __launch_bounds__(kBlockThreads) head_rms_norm_kernel(uint16_t* 
   const float var = round_bf16_dev(__fadd_rn(mean, eps));
   const float r = round_bf16_dev(__fdiv_rn(1.0f, __fsqrt_rn(var)));
   for (int i = lane; i < head_dim; i += 32) v[i] = bf16_bits(__fmul_rn(bf16_value(v[i]), r));
+}
+
+// A warp per head.
+__global__ void __launch_bounds__(kBlockThreads) head_rms_norm_kernel(uint16_t* __restrict__ x, int64_t heads,
+                                                                      int head_dim, float eps) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t head = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (head >= heads) return;  // whole warps leave together
+  head_rms_norm_warp(x + head * head_dim, head_dim, eps, lane);
+}
+
+// head_norm_rope for a decode step's few rows: block (row, group of kWarpsPerBlock heads), the row's
+// cos/sin once in shared memory as rope_kernel computes them, a warp per head: the norm (written back,
+// as head_rms_norm_kernel writes it), then RoPE of the last rope_dim channels from those bf16 values —
+// the bits of the two kernels one after the other, in one launch. (Prefill keeps the two kernels: with
+// thousands of rows they were faster than any fused form, see norm_rope_kernel.)
+__global__ void __launch_bounds__(kBlockThreads)
+    head_norm_rope_kernel(uint16_t* __restrict__ x, int heads, int head_dim, float eps, int rope_dim,
+                          const int32_t* __restrict__ positions, const float* __restrict__ inv_freq) {
+  __shared__ float cos_pair[kMaxRopePairs], sin_pair[kMaxRopePairs];
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t row = blockIdx.x;
+  const int pairs = rope_dim / 2;
+  const float pos = float(positions[row]);
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const double angle = double(__fmul_rn(pos, inv_freq[i]));
+    cos_pair[i] = float(cos(angle));
+    sin_pair[i] = float(sin(angle));
+  }
+  __syncthreads();
+  const int lane = threadIdx.x % 32, head = int(blockIdx.y) * kWarpsPerBlock + threadIdx.x / 32;
+  if (head >= heads) return;  // whole warps leave together
+  uint16_t* v = x + (row * heads + head) * head_dim;
+  head_rms_norm_warp(v, head_dim, eps, lane);
+  __syncwarp();  // the normalised values, as the rope kernel would read them
+  uint16_t* r = v + (head_dim - rope_dim);
+  for (int i = lane; i < pairs; i += 32) {
+    uint32_t* pair = reinterpret_cast<uint32_t*>(r + 2 * i);
+    const uint32_t w = *pair;
+    const float a = __uint_as_float(w << 16), b = __uint_as_float(w & 0xffff0000u);
+    const float c = cos_pair[i], sn = sin_pair[i];
+    const float even = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
+    const float odd = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c));
+    *pair = uint32_t(bf16_bits(even)) | uint32_t(bf16_bits(odd)) << 16;
+  }
 }
 
 // A block per row: the row's cos/sin once in shared memory, then every (head, pair) of the row.
@@ -219,9 +260,10 @@ __global__ void __launch_bounds__(kBlockThreads)
 }
 
 // A warp per kBlock-channel block; lane holds channels lane, lane + 32, … (64: the KV simulation of
-// SPEC §2.5; 128: the activation quantisation of §2.2, as values).
+// SPEC §2.5; 128: the activation quantisation of §2.2, as values). Reads src, writes x (src == x: in
+// place; a thread reads its values before it writes them, hence no __restrict__).
 template <int kBlock>
-__global__ void __launch_bounds__(kBlockThreads) fp8_simulate_kernel(uint16_t* __restrict__ x, int64_t blocks,
+__global__ void __launch_bounds__(kBlockThreads) fp8_simulate_kernel(const uint16_t* src, uint16_t* x, int64_t blocks,
                                                                      int blocks_per_row, int row_width) {
   constexpr int kPerLane = kBlock / 32;
   pdl_wait();
@@ -229,12 +271,14 @@ __global__ void __launch_bounds__(kBlockThreads) fp8_simulate_kernel(uint16_t* _
   const int64_t block = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
   const int lane = threadIdx.x % 32;
   if (block >= blocks) return;
-  uint16_t* v = x + (block / blocks_per_row) * row_width + (block % blocks_per_row) * kBlock;
+  const int64_t at = (block / blocks_per_row) * row_width + (block % blocks_per_row) * kBlock;
+  const uint16_t* u = src + at;
+  uint16_t* v = x + at;
   float f[kPerLane];
   float amax = 0.f;
 #pragma unroll
   for (int i = 0; i < kPerLane; ++i) {
-    f[i] = bf16_value(v[lane + 32 * i]);
+    f[i] = bf16_value(u[lane + 32 * i]);
     amax = fmaxf(amax, fabsf(f[i]));
   }
   amax = warp_max(amax);
@@ -318,13 +362,7 @@ __global__ void __launch_bounds__(kBlockThreads) swiglu_kernel(const uint16_t* _
   pdl_wait();
   pdl_launch_dependents();
   for (int64_t i = int64_t(blockIdx.x) * blockDim.x + threadIdx.x; i < n; i += int64_t(gridDim.x) * blockDim.x) {
-    float g = bf16_value(gate[i]), u = bf16_value(up[i]);
-    if (limit > 0) {
-      u = fminf(fmaxf(u, -limit), limit);
-      g = fminf(g, limit);
-    }
-    // expf is within 2 ulp of the CPU's std::exp: the bf16 output then differs only on rare ties.
-    float a = __fmul_rn(__fdiv_rn(g, __fadd_rn(1.0f, expf(-g))), u);
+    float a = swiglu_value(bf16_value(gate[i]), bf16_value(up[i]), limit);
     if (row_weights) a = __fmul_rn(row_weights[i / inter], a);
     out[i] = bf16_bits(a);
   }
@@ -396,6 +434,19 @@ void rope(uint16_t* x, int64_t rows, int heads, int head_dim, int rope_dim, cons
                       positions, inv_freq, inverse);
 }
 
+void head_norm_rope(uint16_t* x, int64_t rows, int heads, int head_dim, float eps, int rope_dim, const int32_t* positions,
+                    const float* inv_freq, cudaStream_t stream) {
+  if (heads <= 0 || head_dim <= 0 || head_dim % 2 || rope_dim <= 0 || rope_dim % 2 || rope_dim > head_dim ||
+      rope_dim / 2 > kMaxRopePairs)
+    fail("head_norm_rope: {} heads of {}, rope_dim {} (even, ≤ head_dim, ≤ {})", heads, head_dim, rope_dim,
+         2 * kMaxRopePairs);
+  if (!aligned(x, 4)) fail("head_norm_rope: x must be 4-byte aligned");
+  if (rows <= 0) return;
+  check_grid(rows, "head_norm_rope");
+  launch_programmatic(head_norm_rope_kernel, dim3(unsigned(rows), unsigned((heads + kWarpsPerBlock - 1) / kWarpsPerBlock)),
+                      dim3(kBlockThreads), 0, stream, x, heads, head_dim, eps, rope_dim, positions, inv_freq);
+}
+
 bool norm_rope_fits(int head_dim, int rope_dim, const uint16_t* x, const uint16_t* weight, bool fp8_nope) {
   const int nope = head_dim - rope_dim;
   return head_dim > 0 && head_dim <= kMaxNormRopeDim && head_dim % 8 == 0 && rope_dim > 0 && rope_dim % 2 == 0 &&
@@ -421,15 +472,19 @@ void fp8_simulate(uint16_t* x, int64_t rows, int row_width, int channels, cudaSt
   const int64_t blocks = rows * blocks_per_row;
   if (blocks <= 0) return;
   launch_programmatic(fp8_simulate_kernel<64>, warp_item_grid(blocks, "fp8_simulate"), dim3(kBlockThreads), 0, stream,
-                      x, blocks, blocks_per_row, row_width);
+                      x, x, blocks, blocks_per_row, row_width);
 }
 
-void fp8_simulate_activations(uint16_t* x, int64_t rows, int cols, cudaStream_t stream) {
+void fp8_simulate_activations(const uint16_t* src, uint16_t* x, int64_t rows, int cols, cudaStream_t stream) {
   if (cols <= 0 || cols % 128) fail("fp8_simulate_activations: {} columns (a multiple of 128)", cols);
   const int64_t blocks = rows * (cols / 128);
   if (blocks <= 0) return;
   launch_programmatic(fp8_simulate_kernel<128>, warp_item_grid(blocks, "fp8_simulate_activations"), dim3(kBlockThreads),
-                      0, stream, x, blocks, cols / 128, cols);
+                      0, stream, src, x, blocks, cols / 128, cols);
+}
+
+void fp8_simulate_activations(uint16_t* x, int64_t rows, int cols, cudaStream_t stream) {
+  fp8_simulate_activations(x, x, rows, cols, stream);
 }
 
 void hadamard_fp4_simulate(uint16_t* x, int64_t vectors, cudaStream_t stream) {

@@ -31,6 +31,11 @@ void head_rms_norm(uint16_t* x, int64_t heads, int head_dim, float eps, cudaStre
 void rope(uint16_t* x, int64_t rows, int heads, int head_dim, int rope_dim, const int32_t* positions,
           const float* inv_freq, bool inverse, cudaStream_t stream);
 
+// head_rms_norm then rope (not inverse) in one launch, the bits of the two: x [rows, heads,
+// head_dim] in place. A block per (row, 8 heads): for a decode step's few rows (prefill runs the two).
+void head_norm_rope(uint16_t* x, int64_t rows, int heads, int head_dim, float eps, int rope_dim, const int32_t* positions,
+                    const float* inv_freq, cudaStream_t stream);
+
 // Backend::norm_rope in place: per head of head_dim (x [rows, heads, head_dim]), rms_norm with
 // `weight`, rope by positions[row], then with fp8_nope fp8_simulate of the first head_dim − rope_dim
 // channels: the bits of those kernels run one after another, in one launch. For the shapes norm_rope_fits accepts (head_dim ≤ 512 and a multiple of 8, rope_dim ≤ 64, x and
@@ -46,6 +51,8 @@ void fp8_simulate(uint16_t* x, int64_t rows, int row_width, int channels, cudaSt
 // place: x ← bf16(e4m3(x / s) · s), exact in bf16. A bf16 GEMM on the result computes what the
 // reference's FP8 GEMM computes, up to summation order.
 void fp8_simulate_activations(uint16_t* x, int64_t rows, int cols, cudaStream_t stream);
+// The same from src into x (src is not changed; the rows do not overlap unless src == x).
+void fp8_simulate_activations(const uint16_t* src, uint16_t* x, int64_t rows, int cols, cudaStream_t stream);
 
 // CpuBackend::hadamard_fp4_simulate(x, 128) in place (SPEC §2.6–2.7): per 128-vector cpu::hadamard128,
 // then cpu::fp4_simulate_block per 32. x must be 8-byte aligned.

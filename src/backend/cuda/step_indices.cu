@@ -1,7 +1,13 @@
-// One thread per output value; every kind is a pure function of the spans, a row's position and
+// One thread per output value (blockIdx.y: which description of the launch); every kind is a pure function of the spans, a row's position and
 // the block tables (cpu/step_indices_reference.cpp is the same arithmetic, sequentially).
-#include "backend/cuda/cuda_utils.h"
 #include "backend/cuda/step_indices.h"
+
+#include <algorithm>
+#include <climits>
+
+#include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/ptx_primitives.cuh"
+#include "core/error.h"
 
 namespace dsv4::cuda {
 
@@ -13,9 +19,8 @@ __device__ __forceinline__ int32_t table_entry(const int32_t* table, int64_t wid
   return int32_t(int64_t(table[span * width + j / kPage]) * kPage + j % kPage);
 }
 
-__global__ void __launch_bounds__(kThreads) step_indices_kernel(const cpu::StepIndexArrays a, int64_t size, int32_t* out) {
-  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
-  if (i >= size) return;
+// Value i of one description.
+__device__ __forceinline__ void step_index(const cpu::StepIndexArrays& a, int64_t i, int32_t* out) {
   const int W = a.window_size;
   auto scratch_entry = [&](int64_t r) { return int32_t(int64_t(a.scratch[r / kPage]) * kPage + r % kPage); };
   switch (a.kind) {
@@ -63,12 +68,38 @@ __global__ void __launch_bounds__(kThreads) step_indices_kernel(const cpu::StepI
     }
   }
 }
+
+// The descriptions of one launch, read in place from the parameter space (blockIdx.y picks one).
+struct StepIndexSets {
+  cpu::StepIndexArrays a[kMaxStepIndexSets];
+  int32_t* out[kMaxStepIndexSets];
+  int64_t size[kMaxStepIndexSets];
+};
+
+__global__ void __launch_bounds__(kThreads) step_indices_kernel(const __grid_constant__ StepIndexSets sets) {
+  pdl_wait();  // the tables are uploaded before the step, but the top-k and the outputs are earlier kernels'
+  pdl_launch_dependents();
+  const int set = blockIdx.y;
+  const int64_t i = int64_t(blockIdx.x) * kThreads + threadIdx.x;
+  if (i < sets.size[set]) step_index(sets.a[set], i, sets.out[set]);
+}
 }  // namespace
 
-void step_indices(const cpu::StepIndexArrays& a, int64_t out_size, int32_t* out, cudaStream_t stream) {
-  if (out_size <= 0) return;
-  step_indices_kernel<<<unsigned((out_size + kThreads - 1) / kThreads), kThreads, 0, stream>>>(a, out_size, out);
+void step_indices(const cpu::StepIndexArrays* a, int32_t* const* out, int count, cudaStream_t stream) {
+  if (count < 1 || count > kMaxStepIndexSets) fail("step_indices: {} descriptions in one launch (1…{})", count, kMaxStepIndexSets);
+  StepIndexSets sets{};
+  int64_t most = 0;
+  for (int k = 0; k < count; ++k) {
+    sets.a[k] = a[k], sets.out[k] = out[k], sets.size[k] = cpu::step_indices_size(a[k]);
+    most = std::max(most, sets.size[k]);
+  }
+  if (most <= 0) return;
+  if ((most + kThreads - 1) / kThreads > INT_MAX) fail("step_indices: {} values in one description", most);
+  launch_programmatic(step_indices_kernel, dim3(unsigned((most + kThreads - 1) / kThreads), unsigned(count)), dim3(kThreads), 0,
+                      stream, sets);
   DSV4_CUDA_CHECK_LAUNCH();
 }
+
+void step_indices(const cpu::StepIndexArrays& a, int32_t* out, cudaStream_t stream) { step_indices(&a, &out, 1, stream); }
 
 }  // namespace dsv4::cuda
