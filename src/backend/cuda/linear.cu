@@ -30,6 +30,9 @@ constexpr int kColsPerBlock = 8;  // one warp each
 constexpr int kRowsPerPass = 8;   // accumulators per lane
 constexpr int kRowsPerBlock = 64;
 constexpr int kTargetWarps = 4096;  // ~31 per SM on 132 SMs: enough loads in flight for a narrow linear
+// 16-byte weight loads a lane has in flight (f32 inputs: 2, or they spill at four blocks per SM)
+template <bool kXF32>
+constexpr int kAhead = kXF32 ? 2 : 4;
 
 // Warps per output column (a power of two ≤ 8) for N columns of `chunks` 16-byte loads each; a
 // slice keeps at least one load per lane.
@@ -119,17 +122,31 @@ __global__ void __launch_bounds__(kColsPerBlock * 32, 4)
   for (int64_t r0 = int64_t(blockIdx.y) * kRowsPerBlock; r0 < row_end; r0 += kRowsPerPass) {
     float acc[kRowsPerPass] = {};
     if constexpr (kVectorized) {
-      for (int c = c_begin + lane; c < c_end; c += 32) {
-        float wf[8];
-        bf16x8_to_f32(__ldg(reinterpret_cast<const uint4*>(w_row) + c), wf);
+      // kAhead weight loads of a lane in flight before the first is used: one at a time, a warp
+      // waited out a memory round trip per 16 bytes (grouped_out_proj at one row: 16 round trips a
+      // warp, two waves of blocks). The products still add in chunk order.
+      for (int c0 = c_begin + lane; c0 < c_end; c0 += 32 * kAhead<kXF32>) {
+        uint4 wv[kAhead<kXF32>];
 #pragma unroll
-        for (int i = 0; i < kRowsPerPass; ++i) {
-          const int64_t r = r0 + i;
-          if (r >= row_end) break;
-          float xf[8];
-          load_x8<kXF32>(x, r * x_row_stride + x_col0 + int64_t(c) * 8, xf);
+        for (int u = 0; u < kAhead<kXF32>; ++u) {
+          const int c = c0 + 32 * u;
+          wv[u] = c < c_end ? __ldg(reinterpret_cast<const uint4*>(w_row) + c) : make_uint4(0, 0, 0, 0);
+        }
 #pragma unroll
-          for (int e = 0; e < 8; ++e) acc[i] = fmaf(xf[e], wf[e], acc[i]);
+        for (int u = 0; u < kAhead<kXF32>; ++u) {
+          const int c = c0 + 32 * u;
+          if (c >= c_end) break;
+          float wf[8];
+          bf16x8_to_f32(wv[u], wf);
+#pragma unroll
+          for (int i = 0; i < kRowsPerPass; ++i) {
+            const int64_t r = r0 + i;
+            if (r >= row_end) break;
+            float xf[8];
+            load_x8<kXF32>(x, r * x_row_stride + x_col0 + int64_t(c) * 8, xf);
+#pragma unroll
+            for (int e = 0; e < 8; ++e) acc[i] = fmaf(xf[e], wf[e], acc[i]);
+          }
         }
       }
     } else {
