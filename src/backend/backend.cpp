@@ -27,6 +27,12 @@ void Backend::head_norm_rope(Tensor& x, int head_dim, float eps, int rope_dim, c
   rope(x, head_dim, rope_dim, positions, table, false);
 }
 
+Tensor Backend::hc_post_pre(const Tensor& y, const Tensor& X, Tensor* Xa, const HyperConnection& hc, int hc_mult,
+                            int iters, float norm_eps, float hc_eps, Tensor* post, Tensor* comb, const uint16_t* norm) {
+  *Xa = hc_post(y, X, *post, *comb);
+  return hc_pre(*Xa, hc, hc_mult, iters, norm_eps, hc_eps, post, comb, norm);
+}
+
 std::vector<Tensor> Backend::linears(const Tensor& x, const std::vector<const LinearWeight*>& ws) {
   std::vector<Tensor> out;
   out.reserve(ws.size());

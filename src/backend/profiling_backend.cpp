@@ -204,6 +204,15 @@ Tensor ProfilingBackend::hc_pre(const Tensor& X, const HyperConnection& hc, int 
   return timed(norm ? "hc_pre + rms_norm" : "hc_pre", weights_and(w, bytes(X), rows(X) * fn / 2),
                [&] { return inner_->hc_pre(X, hc, hc_mult, iters, norm_eps, hc_eps, post, comb, norm); });
 }
+Tensor ProfilingBackend::hc_post_pre(const Tensor& y, const Tensor& X, Tensor* Xa, const HyperConnection& hc, int hc_mult,
+                                     int iters, float norm_eps, float hc_eps, Tensor* post, Tensor* comb,
+                                     const uint16_t* norm) {
+  const double width = double(X.numel() / std::max<int64_t>(X.rows(), 1));
+  const double fn = 4.0 * (2 + hc_mult) * hc_mult * width, w = fn + (norm ? 2 * width / hc_mult : 0);
+  const double moved = bytes(y) + 2 * bytes(X) + bytes(*post) + bytes(*comb);  // X read, Xa written
+  return timed(norm ? "hc_post + hc_pre + rms_norm" : "hc_post + hc_pre", weights_and(w, moved, rows(X) * fn / 2),
+               [&] { return inner_->hc_post_pre(y, X, Xa, hc, hc_mult, iters, norm_eps, hc_eps, post, comb, norm); });
+}
 Tensor ProfilingBackend::hc_post(const Tensor& y, const Tensor& X, const Tensor& post, const Tensor& comb) {
   return timed("hc_post", act(bytes(y) + bytes(X) + bytes(post) + bytes(comb)), [&] { return inner_->hc_post(y, X, post, comb); });
 }

@@ -530,9 +530,10 @@ Tensor Dsv4Model::run_block(const BlockWeights& block, const Tensor& X, const St
   Tensor x = backend_.hc_pre(X, block.hc_attn, c.hc_mult, c.hc_sinkhorn_iters, eps, hc_eps, &post, &comb, block.attn_norm);
   Tensor a = attention(block, x, plan, lp);
   emit("attn_out", l, a);
-  Tensor Xa = backend_.hc_post(a, X, post, comb);
+  Tensor Xa;
+  x = backend_.hc_post_pre(a, X, &Xa, block.hc_ffn, c.hc_mult, c.hc_sinkhorn_iters, eps, hc_eps, &post, &comb,
+                           block.ffn_norm);
   emit("hc_post_attn", l, Xa);
-  x = backend_.hc_pre(Xa, block.hc_ffn, c.hc_mult, c.hc_sinkhorn_iters, eps, hc_eps, &post, &comb, block.ffn_norm);
   Routing r = backend_.route(x, block.moe, plan.tokens, c.n_active_experts, float(c.route_scale));
   Tensor m;
   if (!split()) {

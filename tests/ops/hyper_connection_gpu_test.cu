@@ -9,6 +9,7 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <utility>
 #include <vector>
 
@@ -357,6 +358,59 @@ TEST(HyperConnectionPost, MatchesCpuBitExact) {
   check_hc_post(5, 2, 256, false);
 }
 
+// hc_post_pre against hc_post then hc_pre on the GPU (each held to the CPU above): the same state
+// written out and the same x_in, post and comb, bit for bit. Every output poisoned first.
+void check_hc_post_pre(int64_t T, int D, bool with_norm) {
+  const int hc = 4;
+  const std::vector<uint16_t> X = random_streams(T, hc, D);
+  std::vector<uint16_t> y(static_cast<size_t>(T * D));
+  std::normal_distribution<float> nd(0.f, 1.f);
+  for (auto& v : y) v = dsv4::f32_to_bf16(nd(rng()));
+  std::uniform_real_distribution<float> pd(0.f, 2.f), cd(0.f, 1.f);
+  std::vector<float> post(static_cast<size_t>(T * hc)), comb(static_cast<size_t>(T * hc * hc));
+  for (auto& v : post) v = pd(rng());
+  for (auto& v : comb) v = cd(rng());
+  const HcWeights w = random_weights(24, hc * D, 3);
+  const std::vector<uint16_t> norm = random_norm(D);
+  Stream stream;
+  DeviceMixInputs in(X, w, with_norm ? &norm : nullptr, D, stream.get());
+  DeviceBuffer<uint16_t> d_y(y.size()), d_Xa(X.size()), d_Xa2(X.size()), d_out(size_t(T * D)), d_out2(size_t(T * D));
+  DeviceBuffer<float> d_post_in(post.size()), d_comb_in(comb.size()), d_post(post.size()), d_comb(comb.size()),
+      d_post2(post.size()), d_comb2(comb.size()), d_partials(size_t(hc_mix_scratch_floats(T, hc, D, false)));
+  d_y.upload(y, stream.get());
+  d_post_in.upload(post, stream.get());
+  d_comb_in.upload(comb, stream.get());
+  for (auto* b : {&d_Xa, &d_Xa2, &d_out, &d_out2}) b->fill_bytes(0xff, stream.get());
+  for (auto* b : {&d_post, &d_comb, &d_post2, &d_comb2, &d_partials}) b->fill_bytes(0xff, stream.get());
+  const uint16_t* n = with_norm ? in.norm.get() : nullptr;
+  hc_post(d_y.get(), in.X.get(), d_post_in.get(), d_comb_in.get(), T, hc, D, d_Xa.get(), stream.get());
+  hc_pre(d_Xa.get(), T, hc, D, in.fn.get(), in.base.get(), in.scale.get(), 20, kNormEps, kHcEps, d_partials.get(), n,
+         d_out.get(), d_post.get(), d_comb.get(), stream.get());
+  d_partials.fill_bytes(0xff, stream.get());
+  hc_post_pre(d_y.get(), in.X.get(), d_post_in.get(), d_comb_in.get(), T, hc, D, d_Xa2.get(), in.fn.get(), in.base.get(),
+              in.scale.get(), 20, kNormEps, kHcEps, d_partials.get(), n, d_out2.get(), d_post2.get(), d_comb2.get(),
+              stream.get());
+  DSV4_CUDA_CHECK_LAUNCH();
+  const auto bits = [](const std::vector<float>& v) {
+    std::vector<uint32_t> u(v.size());
+    std::memcpy(u.data(), v.data(), v.size() * 4);
+    return u;
+  };
+  const std::string what = "hc_post_pre T " + std::to_string(T) + " D " + std::to_string(D) + (with_norm ? " normed" : "");
+  EXPECT_TRUE(d_Xa2.download(stream.get()) == d_Xa.download(stream.get())) << what << ": the state";
+  EXPECT_TRUE(d_out2.download(stream.get()) == d_out.download(stream.get())) << what << ": x_in";
+  EXPECT_TRUE(bits(d_post2.download(stream.get())) == bits(d_post.download(stream.get()))) << what << ": post";
+  EXPECT_TRUE(bits(d_comb2.download(stream.get())) == bits(d_comb.download(stream.get()))) << what << ": comb";
+  std::printf("%s: checked bit for bit against hc_post then hc_pre\n", what.c_str());
+}
+
+TEST(HyperConnectionPostPre, SameBitsAsPostThenPre) {
+  for (int64_t T : {1, 5, 64}) {
+    check_hc_post_pre(T, 4096, true);   // Flash, the norm fused
+    check_hc_post_pre(T, 128, false);   // fixture width
+  }
+}
+
 TEST(HyperConnectionSanitizer, Small) {
   check_hc_pre(3, 4, 128, 20);
   check_hc_pre(2, 4, 64, 3);
@@ -364,6 +418,7 @@ TEST(HyperConnectionSanitizer, Small) {
   check_hc_post(3, 4, 128, false);
   check_hc_post(2, 4, 128, true);
   check_hc_pre(530, 4, 64, 3);  // a prefill-sized chunk
+  check_hc_post_pre(3, 128, true);
   const std::vector<uint16_t> X = random_streams(3, 4, 256), norm = random_norm(256);
   const HcPreResult normed = gpu_hc_pre(X, 3, 4, 256, random_weights(24, 1024, 3), 20, &norm);  // the fused norm
   EXPECT_EQ(normed.out.size(), 3u * 256);

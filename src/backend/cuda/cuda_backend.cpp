@@ -593,6 +593,27 @@ Tensor CudaBackend::hc_post(const Tensor& y, const Tensor& X, const Tensor& post
   return out;
 }
 
+Tensor CudaBackend::hc_post_pre(const Tensor& y, const Tensor& X, Tensor* Xa, const HyperConnection& hc, int hc_mult,
+                                int iters, float norm_eps, float hc_eps, Tensor* post, Tensor* comb,
+                                const uint16_t* norm) {
+  const int64_t T = X.rows();
+  const int64_t D = X.numel() / std::max<int64_t>(T, 1) / hc_mult;
+  // One launch fewer for a decode step's rows; a prefill chunk runs hc_post, then hc_pre.
+  if (!T || T > cuda::kHcPostPreMaxRows || hc_mult != 4 || D % 4 || y.numel() != T * D)
+    return Backend::hc_post_pre(y, X, Xa, hc, hc_mult, iters, norm_eps, hc_eps, post, comb, norm);
+  *Xa = alloc(DType::BF16, X.shape);
+  Tensor out = alloc(DType::BF16, {T, D});
+  Tensor new_post = alloc(DType::F32, {T, hc_mult}), new_comb = alloc(DType::F32, {T, hc_mult, hc_mult});
+  const bool fused = norm && cuda::hc_norm_fits(int(D), Xa->ptr<uint16_t>(), out.ptr<uint16_t>(), norm);
+  Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), false)});
+  cuda::hc_post_pre(y.ptr<uint16_t>(), X.ptr<uint16_t>(), post->ptr<float>(), comb->ptr<float>(), T, hc_mult, int(D),
+                    Xa->ptr<uint16_t>(), hc.fn, hc.base, hc.scale, iters, norm_eps, hc_eps, partials.ptr<float>(),
+                    fused ? norm : nullptr, out.ptr<uint16_t>(), new_post.ptr<float>(), new_comb.ptr<float>(), stream());
+  *post = std::move(new_post);
+  *comb = std::move(new_comb);
+  return norm && !fused ? rms_norm(out, norm, norm_eps) : out;
+}
+
 Tensor CudaBackend::hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps,
                             const uint16_t* norm) {
   const int64_t T = X.rows();

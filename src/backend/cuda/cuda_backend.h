@@ -108,6 +108,8 @@ class CudaBackend final : public Backend {
   Tensor hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mult, int iters, float norm_eps, float hc_eps,
                 Tensor* post, Tensor* comb, const uint16_t* norm) override;
   Tensor hc_post(const Tensor& y, const Tensor& X, const Tensor& post, const Tensor& comb) override;
+  Tensor hc_post_pre(const Tensor& y, const Tensor& X, Tensor* Xa, const HyperConnection& hc, int hc_mult, int iters,
+                     float norm_eps, float hc_eps, Tensor* post, Tensor* comb, const uint16_t* norm) override;
   Tensor hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps,
                  const uint16_t* norm) override;
 

@@ -107,10 +107,52 @@ __device__ __forceinline__ float warp_transpose_sum(float (&v)[32], int lane) {
   return v[0];
 }
 
-template <int NMix>
+// hc_post fused ahead of the mixes (hc_post_pre): the stream state the mixes read is computed from the
+// previous one instead of loaded, out[t,b,d] = bf16(post[t,b]·y[t,d] + Σ_a comb[t,a,b]·X[t,a,d]) with
+// hc_post_kernel's operations in its order, and written out for the kernels after (each element by the
+// one lane whose chunk holds it). y null: the mixes read X itself.
+struct PostSource {
+  const uint16_t* y;
+  const uint16_t* X;
+  const float* post;
+  const float* comb;
+  uint16_t* out;
+  int D;
+};
+
+// The 4 channels of chunk q (flattened over the hc streams) of token t, as hc_post computes them.
+template <int HC>
+__device__ __forceinline__ uint2 posted_chunk(const PostSource& p, int64_t t, int q) {
+  const int c = 4 * q, b = c / p.D, d = c % p.D;
+  const uint16_t* xt = p.X + t * HC * p.D + d;
+  float x[HC][4];
+#pragma unroll
+  for (int a = 0; a < HC; ++a) {
+    const uint2 raw = *reinterpret_cast<const uint2*>(xt + a * p.D);
+    x[a][0] = __uint_as_float(raw.x << 16), x[a][1] = __uint_as_float(raw.x & 0xffff0000u);
+    x[a][2] = __uint_as_float(raw.y << 16), x[a][3] = __uint_as_float(raw.y & 0xffff0000u);
+  }
+  const uint2 yr = *reinterpret_cast<const uint2*>(p.y + t * p.D + d);
+  const float y[4] = {__uint_as_float(yr.x << 16), __uint_as_float(yr.x & 0xffff0000u), __uint_as_float(yr.y << 16),
+                      __uint_as_float(yr.y & 0xffff0000u)};
+  const float pb = p.post[t * HC + b];
+  uint16_t h[4];
+#pragma unroll
+  for (int e = 0; e < 4; ++e) {
+    float mixed = 0;
+#pragma unroll
+    for (int a = 0; a < HC; ++a) mixed = __fadd_rn(mixed, __fmul_rn(p.comb[(t * HC + a) * HC + b], x[a][e]));
+    h[e] = bf16_bits(__fadd_rn(__fmul_rn(pb, y[e]), mixed));
+  }
+  const uint2 v = make_uint2(uint32_t(h[0]) | uint32_t(h[1]) << 16, uint32_t(h[2]) | uint32_t(h[3]) << 16);
+  reinterpret_cast<uint2*>(p.out + t * HC * p.D)[q] = v;
+  return v;
+}
+
+template <int NMix, bool kPost>
 __global__ void __launch_bounds__(kThreads)
     hc_mix_partials_kernel(const uint16_t* __restrict__ X, int64_t T, int width, const float* __restrict__ fn,
-                           int slices, int groups_per_block, float* __restrict__ partials) {
+                           int slices, int groups_per_block, float* __restrict__ partials, const PostSource post) {
   static_assert(NMix + 1 <= 32, "one lane per partial sum");
   const int s = blockIdx.x;
   const int chunks = width / 4, first = s * kSliceChunks;
@@ -154,7 +196,12 @@ __global__ void __launch_bounds__(kThreads)
       float v[kTileTokens][4];
 #pragma unroll
       for (int k = 0; k < kTileTokens; ++k) {
-        const uint2 raw = k < tokens ? reinterpret_cast<const uint2*>(X + (t0 + k) * width)[q] : make_uint2(0, 0);
+        uint2 raw = make_uint2(0, 0);
+        if constexpr (kPost) {
+          if (k < tokens) raw = posted_chunk<4>(post, t0 + k, q);  // the mix kernels are built for hc = 4
+        } else {
+          if (k < tokens) raw = reinterpret_cast<const uint2*>(X + (t0 + k) * width)[q];
+        }
         v[k][0] = __uint_as_float(raw.x << 16), v[k][1] = __uint_as_float(raw.x & 0xffff0000u);
         v[k][2] = __uint_as_float(raw.y << 16), v[k][3] = __uint_as_float(raw.y & 0xffff0000u);
 #pragma unroll
@@ -364,16 +411,18 @@ void check_mix_operands(const char* op, int64_t T, int hc, int D, const uint16_t
   if (T && !partials) fail("{}: no scratch for the partial sums", op);
 }
 
+// With source.y (hc_post_pre) the partials kernel computes X (= source.out) from the previous state.
 template <int HC, int NMix>
 void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const float* base, const float* scale,
                    int iters, float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
-                   float* post, float* comb, cudaStream_t stream) {
+                   float* post, float* comb, cudaStream_t stream, const PostSource& source = {}) {
   if (norm && !hc_norm_fits(D, X, out, norm)) fail("hc mixes: a norm over D {} does not fit the finishing block", D);
   const int slices = hc_slices(HC, D), blocks_per_token = hc_blocks_per_token(T, D, norm);
   const int groups_per_block = hc_groups_per_block(T);
   const int64_t per_block = int64_t(kWarps) * kTileTokens * groups_per_block;
-  launch_programmatic(hc_mix_partials_kernel<NMix>, dim3(unsigned(slices), unsigned((T + per_block - 1) / per_block)),
-                      dim3(kThreads), 0, stream, X, T, HC * D, fn, slices, groups_per_block, partials);
+  auto partials_kernel = source.y ? hc_mix_partials_kernel<NMix, true> : hc_mix_partials_kernel<NMix, false>;
+  launch_programmatic(partials_kernel, dim3(unsigned(slices), unsigned((T + per_block - 1) / per_block)), dim3(kThreads),
+                      0, stream, X, T, HC * D, fn, slices, groups_per_block, partials, source);
   const int64_t blocks = T * blocks_per_token + (NMix > HC ? (T + kWarps - 1) / kWarps : 0);
   auto finish = norm ? hc_mix_finish_kernel<HC, NMix, true> : hc_mix_finish_kernel<HC, NMix, false>;
   launch_programmatic(finish, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, X, T, D,
@@ -409,6 +458,20 @@ void hc_pre(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const 
   check_mix_operands("hc_pre", T, hc, D, X, fn, partials);
   if (T == 0) return;
   launch_hc_mix<4, 24>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, partials, norm, out, post, comb, stream);
+}
+
+void hc_post_pre(const uint16_t* y, const uint16_t* X_prev, const float* post_prev, const float* comb_prev, int64_t T,
+                 int hc, int D, uint16_t* X, const float* fn, const float* base, const float* scale, int iters,
+                 float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out, float* post,
+                 float* comb, cudaStream_t stream) {
+  check_shape("hc_post_pre", T, hc, D);
+  check_mix_operands("hc_post_pre", T, hc, D, X, fn, partials);
+  if (T > kHcPostPreMaxRows) fail("hc_post_pre: {} rows (at most {}; run hc_post, then hc_pre)", T, kHcPostPreMaxRows);
+  if (reinterpret_cast<uintptr_t>(X_prev) % 8 || reinterpret_cast<uintptr_t>(y) % 8 || X == X_prev)
+    fail("hc_post_pre: y and the previous state 8-byte aligned, the new state apart from the previous one");
+  if (T == 0) return;
+  launch_hc_mix<4, 24>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, partials, norm, out, post, comb, stream,
+                       PostSource{y, X_prev, post_prev, comb_prev, X, D});
 }
 
 void hc_post(const uint16_t* y, const uint16_t* X, const float* post, const float* comb, int64_t T, int hc, int D,

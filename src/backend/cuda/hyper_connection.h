@@ -34,6 +34,17 @@ void hc_pre(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const 
 void hc_post(const uint16_t* y, const uint16_t* X, const float* post, const float* comb, int64_t T, int hc, int D,
              uint16_t* out, cudaStream_t stream);
 
+// hc_post then hc_pre of its result in two launches (the hc_pre's): X = hc_post(y, X_prev, post_prev,
+// comb_prev) is computed by the partials kernel where it reads it, and written out; then hc_pre(X, …)
+// into out, post, comb — the bits of hc_post then hc_pre. For a decode step's rows: T ≤
+// kHcPostPreMaxRows (prefill keeps the two ops: the partials blocks of a slice would each re-read all
+// streams). X must not alias X_prev; y, X_prev 8-byte aligned.
+inline constexpr int64_t kHcPostPreMaxRows = 64;
+void hc_post_pre(const uint16_t* y, const uint16_t* X_prev, const float* post_prev, const float* comb_prev, int64_t T,
+                 int hc, int D, uint16_t* X, const float* fn, const float* base, const float* scale, int iters,
+                 float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out, float* post,
+                 float* comb, cudaStream_t stream);
+
 // CpuBackend::hc_head: fn f32 [hc, hc·D], base f32 [hc], scale f32 [1]; partials:
 // hc_mix_scratch_floats(T, hc, D, true) floats; out bf16 [T, D]; norm as hc_pre's.
 void hc_head(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
