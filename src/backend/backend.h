@@ -215,7 +215,7 @@ class Backend {
   virtual Tensor hc_post(const Tensor& y, const Tensor& X, const Tensor& post, const Tensor& comb) = 0;
   // hc_post then hc_pre of its result: *Xa = hc_post(y, X, *post, *comb), then hc_pre(*Xa, …) with
   // *post and *comb replaced by its own — the values of those two (the default runs them; a backend
-  // may fuse them). Between a block's attention and its FFN.
+  // may fuse them). Between a block's attention and its FFN, and between blocks.
   virtual Tensor hc_post_pre(const Tensor& y, const Tensor& X, Tensor* Xa, const HyperConnection& hc, int hc_mult,
                              int iters, float norm_eps, float hc_eps, Tensor* post, Tensor* comb, const uint16_t* norm);
   virtual Tensor hc_head(const Tensor& X, const HyperConnection& hc, int hc_mult, float norm_eps, float hc_eps,

@@ -304,13 +304,15 @@ Tensor Dsv4Model::run_forward(const StepPlan& plan) {
     if (on_block) on_block(l);
   };
   region(-1);
-  Tensor X = embed_streams(plan);
-  emit("embed_out", 0, X);
+  BlockOutput state;
+  state.X = embed_streams(plan);
+  emit("embed_out", 0, state.X);
   for (int l = 0; l < c.n_layers; ++l) {
     region(l);
-    X = run_block(weights_->blocks[size_t(l)], X, plan, size_t(l));
+    state = run_block_pending(weights_->blocks[size_t(l)], std::move(state), plan, size_t(l));
   }
   region(c.n_layers);
+  const Tensor X = settle(std::move(state));
   const int64_t P = plan.head_rows.numel();
   Tensor Xp = view(backend_.gather_rows(view(X, {plan.rows, c.hc_mult * c.dim}), plan.head_rows), {P, c.hc_mult, c.dim});
   return head_logits(Xp, weights_->hc_head, weights_->norm);
@@ -521,13 +523,36 @@ Tensor Dsv4Model::head_logits(const Tensor& X, const HyperConnection& hc, const 
 }
 
 Tensor Dsv4Model::run_block(const BlockWeights& block, const Tensor& X, const StepPlan& plan, size_t layer) {
+  BlockOutput in;
+  in.X = X;
+  return settle(run_block_pending(block, std::move(in), plan, layer));
+}
+
+Tensor Dsv4Model::settle(BlockOutput out) {
+  if (!out.y.data) return out.X;
+  Tensor X = backend_.hc_post(out.y, out.Xa, out.post, out.comb);
+  emit("hc_post_ffn", out.layer, X);
+  return X;
+}
+
+Dsv4Model::BlockOutput Dsv4Model::run_block_pending(const BlockWeights& block, BlockOutput in, const StepPlan& plan,
+                                                    size_t layer) {
   const ModelConfig& c = config();
   const int l = block.layer;
   const LayerPlan& lp = plan.layers.at(layer);
   DSV4_CHECK(lp.ratio == block.ratio, "run_block: layer {} planned with ratio {}, block has {}", l, lp.ratio, block.ratio);
   const float eps = float(c.norm_eps), hc_eps = float(c.hc_eps);
-  Tensor post, comb;
-  Tensor x = backend_.hc_pre(X, block.hc_attn, c.hc_mult, c.hc_sinkhorn_iters, eps, hc_eps, &post, &comb, block.attn_norm);
+  // The previous block's last hc_post, if it is pending, goes with this block's first hc_pre.
+  Tensor X, post, comb, x;
+  if (in.y.data) {
+    post = std::move(in.post), comb = std::move(in.comb);
+    x = backend_.hc_post_pre(in.y, in.Xa, &X, block.hc_attn, c.hc_mult, c.hc_sinkhorn_iters, eps, hc_eps, &post, &comb,
+                             block.attn_norm);
+    emit("hc_post_ffn", in.layer, X);
+  } else {
+    X = std::move(in.X);
+    x = backend_.hc_pre(X, block.hc_attn, c.hc_mult, c.hc_sinkhorn_iters, eps, hc_eps, &post, &comb, block.attn_norm);
+  }
   Tensor a = attention(block, x, plan, lp);
   emit("attn_out", l, a);
   Tensor Xa;
@@ -547,9 +572,10 @@ Tensor Dsv4Model::run_block(const BlockWeights& block, const Tensor& X, const St
     m = backend_.moe_combine(partials, r);
   }
   emit("moe_out", l, m);
-  Tensor Xf = backend_.hc_post(m, Xa, post, comb);
-  emit("hc_post_ffn", l, Xf);
-  return Xf;
+  BlockOutput out;
+  out.y = std::move(m), out.Xa = std::move(Xa), out.post = std::move(post), out.comb = std::move(comb);
+  out.layer = l;
+  return out;
 }
 
 void Dsv4Model::compress(const CompressorWeights& w, const Tensor& x, const StepPlan& plan, const LayerPlan& lp,

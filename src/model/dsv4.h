@@ -136,6 +136,14 @@ class Dsv4Model : public ServingModel {
 
  private:
   struct Sequence;
+  // A block's output state X = hc_post(y, Xa, post, comb), or (y set) that hc_post not yet run: the
+  // next block runs it fused with its first hc_pre (Backend::hc_post_pre), the last one alone.
+  struct BlockOutput {
+    Tensor X, y, Xa, post, comb;
+    int layer = -1;  // of a pending hc_post (its "hc_post_ffn" emit)
+  };
+  BlockOutput run_block_pending(const BlockWeights& block, BlockOutput in, const StepPlan& plan, size_t layer);
+  Tensor settle(BlockOutput out);  // X, running a pending hc_post
   Tensor attention(const BlockWeights& block, const Tensor& x, const StepPlan& plan, const LayerPlan& lp);
   void compress(const CompressorWeights& w, const Tensor& x, const StepPlan& plan, const LayerPlan& lp, bool index_keys,
                 const RopeTable& rope);
