@@ -213,6 +213,14 @@ std::vector<float> rope_frequencies(bool yarn) {
   return f;
 }
 
+// Positions of `rows` rows, anywhere in [0, 10^6].
+std::vector<int32_t> random_positions(int64_t rows) {
+  std::uniform_int_distribution<int32_t> pos(0, 1000000);
+  std::vector<int32_t> positions(static_cast<size_t>(rows));
+  for (auto& p : positions) p = pos(rng());
+  return positions;
+}
+
 // Every step is the CPU's f32 operation on the same operands except cos/sin, double on both sides
 // (CUDA's within 2 ulp of double, glibc's within 1): their f32 roundings differ only when the double
 // results straddle an f32 midpoint, ~1e-8 of the values. So practically bit-exact; bound: ≤ 1 ulp, at
@@ -221,9 +229,7 @@ void check_rope(int64_t rows, int heads, int head_dim, bool yarn, bool inverse) 
   const int rope_dim = 64;
   RopeTable table;
   table.inv_freq = rope_frequencies(yarn);
-  std::uniform_int_distribution<int32_t> pos(0, 1000000);
-  std::vector<int32_t> positions(static_cast<size_t>(rows));
-  for (auto& p : positions) p = pos(rng());
+  std::vector<int32_t> positions = random_positions(rows);
   positions[0] = 0;
   if (rows > 1) positions[1] = 1000000;
   const std::vector<uint16_t> x = random_groups(rows * heads * head_dim, head_dim, -10, 10);
@@ -271,9 +277,7 @@ void check_norm_rope(int64_t rows, int heads, int head_dim, bool fp8_nope) {
   std::normal_distribution<float> wd(1.f, 0.5f);
   std::vector<uint16_t> w(static_cast<size_t>(head_dim));
   for (auto& v : w) v = dsv4::f32_to_bf16(wd(rng()));
-  std::uniform_int_distribution<int32_t> pos(0, 1000000);
-  std::vector<int32_t> positions(static_cast<size_t>(rows));
-  for (auto& p : positions) p = pos(rng());
+  std::vector<int32_t> positions = random_positions(rows);
   const std::vector<float> freq = rope_frequencies(true);
   const float eps = 1e-6f;
 
@@ -313,9 +317,7 @@ TEST(RowOpsNormRope, SameBitsAsTheOpsInSequence) {
 void check_head_norm_rope(int64_t rows, int heads, int head_dim) {
   const int rope_dim = 64;
   const std::vector<uint16_t> x = random_groups(rows * heads * head_dim, head_dim, -30, 20);
-  std::uniform_int_distribution<int32_t> pos(0, 1000000);
-  std::vector<int32_t> positions(static_cast<size_t>(rows));
-  for (auto& p : positions) p = pos(rng());
+  std::vector<int32_t> positions = random_positions(rows);
   const std::vector<float> freq = rope_frequencies(true);
   const float eps = 1e-6f;
   Stream stream;

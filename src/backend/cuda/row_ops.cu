@@ -134,6 +134,28 @@ __global__ void __launch_bounds__(kBlockThreads) head_rms_norm_kernel(uint16_t* 
   head_rms_norm_warp(x + head * head_dim, head_dim, eps, lane);
 }
 
+// The row's cos/sin of each rope pair into shared memory, by the whole block (a barrier follows):
+// the f32 angle (torch.outer in f32), cos/sin in double rounded to f32, as the CPU; sin negated for
+// the inverse rotation.
+__device__ __forceinline__ void row_rope_table(float pos, const float* __restrict__ inv_freq, int pairs, bool inverse,
+                                               float* cos_pair, float* sin_pair) {
+  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
+    const double angle = double(__fmul_rn(pos, inv_freq[i]));
+    const float s = float(sin(angle));
+    cos_pair[i] = float(cos(angle));
+    sin_pair[i] = inverse ? -s : s;
+  }
+}
+
+// One interleaved bf16 pair rotated by (c, s), each result rounded to bf16 (SPEC §2.8).
+__device__ __forceinline__ void rotate_pair(uint32_t* pair, float c, float s) {
+  const uint32_t w = *pair;
+  const float a = __uint_as_float(w << 16), b = __uint_as_float(w & 0xffff0000u);
+  const float even = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
+  const float odd = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
+  *pair = uint32_t(bf16_bits(even)) | uint32_t(bf16_bits(odd)) << 16;
+}
+
 // head_norm_rope for a decode step's few rows: block (row, group of kWarpsPerBlock heads), the row's
 // cos/sin once in shared memory as rope_kernel computes them, a warp per head: the norm (written back,
 // as head_rms_norm_kernel writes it), then RoPE of the last rope_dim channels from those bf16 values —
@@ -147,12 +169,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   pdl_launch_dependents();
   const int64_t row = blockIdx.x;
   const int pairs = rope_dim / 2;
-  const float pos = float(positions[row]);
-  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-    const double angle = double(__fmul_rn(pos, inv_freq[i]));
-    cos_pair[i] = float(cos(angle));
-    sin_pair[i] = float(sin(angle));
-  }
+  row_rope_table(float(positions[row]), inv_freq, pairs, false, cos_pair, sin_pair);
   __syncthreads();
   const int lane = threadIdx.x % 32, head = int(blockIdx.y) * kWarpsPerBlock + threadIdx.x / 32;
   if (head >= heads) return;  // whole warps leave together
@@ -160,15 +177,7 @@ __global__ void __launch_bounds__(kBlockThreads)
   head_rms_norm_warp(v, head_dim, eps, lane);
   __syncwarp();  // the normalised values, as the rope kernel would read them
   uint16_t* r = v + (head_dim - rope_dim);
-  for (int i = lane; i < pairs; i += 32) {
-    uint32_t* pair = reinterpret_cast<uint32_t*>(r + 2 * i);
-    const uint32_t w = *pair;
-    const float a = __uint_as_float(w << 16), b = __uint_as_float(w & 0xffff0000u);
-    const float c = cos_pair[i], sn = sin_pair[i];
-    const float even = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, sn));
-    const float odd = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, c));
-    *pair = uint32_t(bf16_bits(even)) | uint32_t(bf16_bits(odd)) << 16;
-  }
+  for (int i = lane; i < pairs; i += 32) rotate_pair(reinterpret_cast<uint32_t*>(r + 2 * i), cos_pair[i], sin_pair[i]);
 }
 
 // A block per row: the row's cos/sin once in shared memory, then every (head, pair) of the row.
@@ -180,25 +189,12 @@ __global__ void __launch_bounds__(kBlockThreads) rope_kernel(uint16_t* __restric
   pdl_launch_dependents();
   const int64_t row = blockIdx.x;
   const int pairs = rope_dim / 2;
-  const float pos = float(positions[row]);
-  for (int i = threadIdx.x; i < pairs; i += blockDim.x) {
-    // The f32 angle (torch.outer in f32), cos/sin in double rounded to f32, as the CPU.
-    const double angle = double(__fmul_rn(pos, inv_freq[i]));
-    const float s = float(sin(angle));
-    cos_pair[i] = float(cos(angle));
-    sin_pair[i] = inverse ? -s : s;
-  }
+  row_rope_table(float(positions[row]), inv_freq, pairs, inverse, cos_pair, sin_pair);
   __syncthreads();
   uint16_t* xr = x + row * heads * head_dim + (head_dim - rope_dim);
   for (int idx = threadIdx.x; idx < heads * pairs; idx += blockDim.x) {
     const int h = idx / pairs, i = idx % pairs;
-    uint32_t* pair = reinterpret_cast<uint32_t*>(xr + int64_t(h) * head_dim + 2 * i);
-    const uint32_t w = *pair;
-    const float a = __uint_as_float(w << 16), b = __uint_as_float(w & 0xffff0000u);
-    const float c = cos_pair[i], s = sin_pair[i];
-    const float even = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    const float odd = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
-    *pair = uint32_t(bf16_bits(even)) | uint32_t(bf16_bits(odd)) << 16;
+    rotate_pair(reinterpret_cast<uint32_t*>(xr + int64_t(h) * head_dim + 2 * i), cos_pair[i], sin_pair[i]);
   }
 }
 
