@@ -197,11 +197,6 @@ class Backend {
   virtual Tensor add(const Tensor& a, const Tensor& b) = 0;                                    // bf16(a + b)
   virtual Tensor scale(const Tensor& x, float s) = 0;                                          // bf16(x · s)
 
-  // A hint that the work enqueued next reads these bytes (a decode step's next weights): a backend
-  // may start them toward its cache beside the work already enqueued. No result depends on it; the
-  // default ignores it.
-  virtual void prefetch(const std::vector<ByteRange>& ranges) { (void)ranges; }
-
   // Linears.
   virtual Tensor linear(const Tensor& x, const LinearWeight& w) = 0;                    // bf16 out, reference numerics per format
   // linear(x, *w) for each weight, in order: the values of those calls (the default makes them; a

@@ -9,7 +9,16 @@
 
 namespace dsv4 {
 
-double linear_weight_bytes(const LinearWeight& w) { return double(linear_value_bytes(w) + linear_scale_bytes(w)); }
+double linear_weight_bytes(const LinearWeight& w) {
+  const double n = double(w.out) * w.in;
+  switch (w.format) {
+    case WeightFormat::BF16: return 2 * n;
+    case WeightFormat::FP8_BLOCK: return n + double((w.out + 127) / 128) * double((w.in + 127) / 128);
+    case WeightFormat::MXFP4: return n / 2 + n / 32;
+    case WeightFormat::NVFP4: return n / 2 + n / 16;
+  }
+  return 0;
+}
 
 namespace {
 

@@ -81,11 +81,6 @@ class ProfilingBackend final : public Backend {
   Tensor add(const Tensor& a, const Tensor& b) override;
   Tensor scale(const Tensor& x, float s) override;
 
-  // Forwarded only when not timing: each timed op runs alone, with no bytes fetched for it beside
-  // the op before (a recorded step keeps its hints).
-  void prefetch(const std::vector<ByteRange>& ranges) override {
-    if (!on_) inner_->prefetch(ranges);
-  }
   Tensor linear(const Tensor& x, const LinearWeight& w) override;
   std::vector<Tensor> linears(const Tensor& x, const std::vector<const LinearWeight*>& ws) override;
   Tensor linear_bf16(const Tensor& x, const uint16_t* w, int out, int in) override;

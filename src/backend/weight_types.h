@@ -4,7 +4,6 @@
 // by the backend that placed it — except the routed experts' LinearWeights, which stay host views
 // for Backend::prepare_experts (MoeWeights::prepared holds the backend's form).
 #pragma once
-#include <cstddef>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -23,39 +22,6 @@ struct LinearWeight {
   const uint8_t* scale = nullptr;  // FP8: ue8m0 [⌈out/128⌉,⌈in/128⌉]; MXFP4: ue8m0 [out,in/32]; NVFP4: e4m3 [out,in/16]
   float scale2 = 1.0f;             // NVFP4 global weight scale (weight_scale_2)
 };
-
-// Bytes in backend memory (Backend::prefetch's hints).
-struct ByteRange {
-  const void* p = nullptr;
-  size_t bytes = 0;
-};
-
-// The bytes of a linear weight's values and of its scales, in the layouts above.
-inline size_t linear_value_bytes(const LinearWeight& w) {
-  const size_t n = size_t(w.out) * size_t(w.in);
-  switch (w.format) {
-    case WeightFormat::BF16: return 2 * n;
-    case WeightFormat::FP8_BLOCK: return n;
-    case WeightFormat::MXFP4:
-    case WeightFormat::NVFP4: return n / 2;
-  }
-  return 0;
-}
-inline size_t linear_scale_bytes(const LinearWeight& w) {
-  const size_t n = size_t(w.out) * size_t(w.in);
-  switch (w.format) {
-    case WeightFormat::BF16: return 0;
-    case WeightFormat::FP8_BLOCK: return size_t((w.out + 127) / 128) * size_t((w.in + 127) / 128);
-    case WeightFormat::MXFP4: return n / 32;
-    case WeightFormat::NVFP4: return n / 16;
-  }
-  return 0;
-}
-// Values then scales: the ranges a linear reads.
-inline void append_linear_ranges(const LinearWeight& w, std::vector<ByteRange>& out) {
-  out.push_back({w.w, linear_value_bytes(w)});
-  if (w.scale) out.push_back({w.scale, linear_scale_bytes(w)});
-}
 
 struct CompressorWeights {
   int ratio = 0, head_dim = 0, coff = 1;  // coff = 2 for the overlapping ratio-4 compressor

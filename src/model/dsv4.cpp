@@ -528,16 +528,6 @@ Tensor Dsv4Model::run_block(const BlockWeights& block, const Tensor& X, const St
   return settle(run_block_pending(block, std::move(in), plan, layer));
 }
 
-void Dsv4Model::prefetch_weights(int64_t rows, char phase, const std::vector<ByteRange>& ranges) {
-  constexpr int64_t kMaxRows = 64;
-  static const std::string phases = [] {
-    const char* e = std::getenv("DSV4_PREFETCH_PHASES");
-    return std::string(e ? e : "abcd");
-  }();
-  if (rows > kMaxRows || phases.find(phase) == std::string::npos) return;
-  backend_.prefetch(ranges);
-}
-
 Tensor Dsv4Model::settle(BlockOutput out) {
   if (!out.y.data) return out.X;
   Tensor X = backend_.hc_post(out.y, out.Xa, out.post, out.comb);
@@ -552,14 +542,6 @@ Dsv4Model::BlockOutput Dsv4Model::run_block_pending(const BlockWeights& block, B
   const LayerPlan& lp = plan.layers.at(layer);
   DSV4_CHECK(lp.ratio == block.ratio, "run_block: layer {} planned with ratio {}, block has {}", l, lp.ratio, block.ratio);
   const float eps = float(c.norm_eps), hc_eps = float(c.hc_eps);
-  // Phase a: the attention's first projections, while the hyper-connection mixes run.
-  {
-    const AttentionWeights& w = block.attn;
-    std::vector<ByteRange> r;
-    append_linear_ranges(w.wq_a, r), append_linear_ranges(w.wkv, r), append_linear_ranges(w.wq_b, r);
-    if (block.ratio == 4) append_linear_ranges(w.indexer.wq_b, r);
-    prefetch_weights(plan.tables.positions.numel(), 'a', r);
-  }
   // The previous block's last hc_post, if it is pending, goes with this block's first hc_pre.
   Tensor X, post, comb, x;
   if (in.y.data) {
@@ -574,14 +556,6 @@ Dsv4Model::BlockOutput Dsv4Model::run_block_pending(const BlockWeights& block, B
   Tensor a = attention(block, x, plan, lp);
   emit("attn_out", l, a);
   Tensor Xa;
-  {  // Phase d: the shared expert and the router's gate, while the mixes run.
-    const MoeWeights& m = block.moe;
-    std::vector<ByteRange> r;
-    append_linear_ranges(m.shared.w1, r), append_linear_ranges(m.shared.w3, r), append_linear_ranges(m.shared.w2, r);
-    if (!m.hash_table && m.gate)
-      r.push_back({m.gate, size_t(m.n_routed ? m.n_routed : int(m.experts.size())) * size_t(c.dim) * 2});
-    prefetch_weights(a.rows(), 'd', r);
-  }
   x = backend_.hc_post_pre(a, X, &Xa, block.hc_ffn, c.hc_mult, c.hc_sinkhorn_iters, eps, hc_eps, &post, &comb,
                            block.ffn_norm);
   emit("hc_post_attn", l, Xa);
@@ -649,20 +623,6 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   std::vector<const LinearWeight*> q_weights = {&w.wq_b};
   if (block.ratio == 4) q_weights.push_back(&w.indexer.wq_b);
   std::vector<Tensor> qs = backend_.linears(qr, q_weights);
-  {  // Phase b: the compressors' projections, then wo_a, beside the attention's small kernels.
-    std::vector<ByteRange> r;
-    const auto compressor = [&](const CompressorWeights& cw) {
-      const size_t bytes = size_t(cw.coff) * size_t(cw.head_dim) * size_t(c.dim) * 2;
-      r.push_back({cw.wkv, bytes}), r.push_back({cw.wgate, bytes});
-    };
-    if (block.ratio) compressor(w.compressor);
-    if (block.ratio == 4) {
-      r.push_back({w.indexer.weights_proj, size_t(c.index_n_heads) * size_t(c.dim) * 2});
-      compressor(w.indexer.compressor);
-    }
-    r.push_back({w.wo_a, size_t(w.o_groups) * size_t(c.o_lora_rank) * size_t(H) * size_t(hd) / size_t(w.o_groups) * 2});
-    prefetch_weights(T, 'b', r);
-  }
   Tensor q = view(qs[0], {T, H, hd});
   backend_.head_norm_rope(q, hd, eps, c.rope_dim, positions, rope);
   emit("q", l, q);
@@ -721,11 +681,6 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
 
   backend_.rope(o, hd, c.rope_dim, positions, rope, true);  // de-rotate by the query position
   emit("attn_core", l, o);
-  {  // Phase c: wo_b, beside wo_a.
-    std::vector<ByteRange> r;
-    append_linear_ranges(w.wo_b, r);
-    prefetch_weights(T, 'c', r);
-  }
   Tensor z = backend_.grouped_out_proj(view(o, {T, int64_t(H) * hd}), w.wo_a, w.o_groups, c.o_lora_rank);
   if (!split()) return backend_.linear(z, w.wo_b);
   // Row-parallel wo_b: the ranks' f32 sums are added, then rounded to bf16 once, as linear rounds.

@@ -148,10 +148,6 @@ class Dsv4Model : public ServingModel {
   void compress(const CompressorWeights& w, const Tensor& x, const StepPlan& plan, const LayerPlan& lp, bool index_keys,
                 const RopeTable& rope);
   Tensor embed_streams(const StepPlan& plan);  // [T, hc, D]
-  // Backend::prefetch of the weights a step of `rows` rows reads next, where the step is a decode
-  // step's size (its linears are latency-bound and leave HBM time over): `phase` names the point
-  // of the block (DSV4_PREFETCH_PHASES, a test knob, keeps some of them).
-  void prefetch_weights(int64_t rows, char phase, const std::vector<ByteRange>& ranges);
   bool split() const { return comm_ && comm_->world_size() > 1; }
   void emit(const std::string& name, int layer, const Tensor& t) {
     if (dump) dump(name + "-" + std::to_string(layer), t);

@@ -12,7 +12,6 @@
 #include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/hyper_connection.h"
 #include "backend/cuda/indexer_topk.h"
-#include "backend/cuda/l2_prefetch.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/logit_processing.h"
 #include "backend/cuda/moe_fp4.h"
@@ -93,18 +92,6 @@ CudaBackend::CudaBackend(int device) : device_(device), memory_(std::make_shared
     else if (v != "auto") fail("DSV4_MOE_PATH={}: expected auto, w4a16, w4a16-batched or w4a8", v);
   }
   linear_mode_ = linear_path_mode_from_env();
-  // Prefetch hints need the bulk-copy engine (sm_90 and later). The default budget covers the
-  // largest dense weight a decode step reads next (wq_b, 34 MB) and stays below the H200's 50 MB L2.
-  int major = 0;
-  DSV4_CUDA_CHECK(cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, device_.index));
-  size_t budget_mb = 40;
-  if (const char* p = std::getenv("DSV4_L2_PREFETCH_MB")) {
-    char* end = nullptr;
-    const long v = std::strtol(p, &end, 10);
-    if (!*p || *end || v < 0 || v > 1 << 20) fail("DSV4_L2_PREFETCH_MB={}: expected a number of MB (0: no prefetch)", p);
-    budget_mb = size_t(v);
-  }
-  prefetch_budget_ = major >= 9 ? budget_mb << 20 : 0;
   // Created here, never inside a recording: the handle and its workspace are allocations.
   if (linear_mode_ != LinearPathMode::Kernel) gemm_ = std::make_unique<LinearGemm>();
 }
@@ -112,7 +99,6 @@ CudaBackend::CudaBackend(int device) : device_(device), memory_(std::make_shared
 CudaBackend::~CudaBackend() {
   // The members go with this device current (the caller may be another rank's thread).
   cudaSetDevice(device_.index);
-  cudaStreamSynchronize(side_.get());
   cudaStreamSynchronize(stream_.get());
 }
 
@@ -124,37 +110,7 @@ std::string CudaBackend::name() const {
                      double(prop.totalGlobalMem) / 1e9);
 }
 
-void CudaBackend::synchronize() {
-  join_side();
-  stream_.sync();
-}
-
-void CudaBackend::fork_side() {
-  fork_event_.record(stream());
-  DSV4_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), fork_event_.get()));
-  side_pending_ = true;
-}
-
-void CudaBackend::join_side() {
-  if (!side_pending_) return;
-  join_event_.record(side_.get());
-  DSV4_CUDA_CHECK(cudaStreamWaitEvent(stream(), join_event_.get()));
-  side_pending_ = false;
-}
-
-void CudaBackend::prefetch(const std::vector<ByteRange>& ranges) {
-  std::vector<PrefetchRange> r;
-  size_t left = prefetch_budget_;
-  for (const ByteRange& b : ranges) {
-    if (!left || r.size() == size_t(kMaxPrefetchRanges)) break;
-    if (!b.p || !b.bytes) continue;
-    r.push_back({b.p, std::min(b.bytes, left)});
-    left -= r.back().bytes;
-  }
-  if (r.empty()) return;
-  fork_side();
-  l2_prefetch(r.data(), int(r.size()), side_.get());
-}
+void CudaBackend::synchronize() { stream_.sync(); }
 
 namespace {
 // "dsv4::cuda::(anonymous namespace)::rope_kernel(…)" → "rope_kernel"; template arguments stay.
@@ -236,7 +192,6 @@ struct CudaGraph final : CapturedWork {
 }  // namespace
 
 void CudaBackend::begin_capture() {
-  join_side();  // hints made before are not the recording's
   // Thread-local mode: a driver allocation or a synchronising call from this thread while
   // recording is an error, so a recording that succeeds proves the step does neither.
   DSV4_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
@@ -245,7 +200,6 @@ void CudaBackend::begin_capture() {
 
 std::unique_ptr<CapturedWork> CudaBackend::end_capture() {
   memory_->set_recording(false);
-  join_side();  // a recording ends on the stream it began on, with every branch joined
   auto g = std::make_unique<CudaGraph>();
   const cudaError_t err = cudaStreamEndCapture(stream(), &g->graph);
   if (err != cudaSuccess) {

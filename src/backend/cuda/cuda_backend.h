@@ -29,7 +29,6 @@ namespace dsv4::cuda {
 class IndexerWorkspace;
 class SparseMlaPlan;
 class MoeWorkspace;
-class MoeFp4Weights;
 enum class MoeFp4Path : uint8_t;
 
 // Device memory handed out by size class and kept for reuse (stream-ordered: one stream).
@@ -99,9 +98,6 @@ class CudaBackend final : public Backend {
   Tensor add(const Tensor& a, const Tensor& b) override;
   Tensor scale(const Tensor& x, float s) override;
 
-  // On a second stream forked from the stream here (l2_prefetch.h), at most prefetch_budget_ bytes of
-  // the ranges in order; the fork joins at end_capture and synchronize.
-  void prefetch(const std::vector<ByteRange>& ranges) override;
   Tensor linear(const Tensor& x, const LinearWeight& w) override;
   std::vector<Tensor> linears(const Tensor& x, const std::vector<const LinearWeight*>& ws) override;
   Tensor linear_partial(const Tensor& x, const LinearWeight& w) override;
@@ -199,18 +195,6 @@ class CudaBackend final : public Backend {
   std::unique_ptr<LinearGemm> gemm_;
   bool logged_paths_ = false;
   std::vector<std::unique_ptr<Event>> marks_;  // profiling marks, reused after clear_marks
-  // Prefetch hints: a second stream that waits for the stream at each hint (fork_side) and that the
-  // stream waits for before a recording ends or a synchronisation (join_side), so a recording's
-  // hints are a branch of its graph. DSV4_L2_PREFETCH_MB sets the budget of a hint (0: none).
-  void fork_side();
-  void join_side();
-  // The routed experts' W4A16 gate-up (or down) tables of the pairs in ids, as far as the budget
-  // goes (the same share of each pair's slice).
-  void prefetch_routed(const MoeFp4Weights& w, const Tensor& ids, bool down);
-  Stream side_;
-  Event fork_event_{false}, join_event_{false};
-  bool side_pending_ = false;
-  size_t prefetch_budget_ = 0;
   int marks_used_ = 0;
 };
 

@@ -8,7 +8,6 @@
 
 #include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/cuda_backend.h"
-#include "backend/cuda/l2_prefetch.h"
 #include "backend/cuda/moe_fp4.h"
 #include "backend/cuda/moe_fp4_repack.h"
 #include "backend/cuda/router.h"
@@ -144,20 +143,6 @@ MoeFp4Path CudaBackend::moe_path(const MoeFp4Shape& shape, int tokens, int k) co
   return moe_fp4_select_path(shape, tokens, k);
 }
 
-void CudaBackend::prefetch_routed(const MoeFp4Weights& w, const Tensor& ids, bool down) {
-  const int64_t n = ids.numel();
-  if (!prefetch_budget_ || !n) return;
-  ExpertPrefetch e{};
-  e.tables = 2;
-  e.base[0] = down ? w.down() : w.gate_up(), e.stride[0] = down ? w.down_stride() : w.gate_up_stride();
-  e.base[1] = down ? w.down_scales() : w.gate_up_scales();
-  e.stride[1] = down ? w.down_scales_stride() : w.gate_up_scales_stride();
-  const double share = std::min(1.0, double(prefetch_budget_) / (double(n) * double(e.stride[0] + e.stride[1])));
-  for (int t = 0; t < 2; ++t) e.bytes[t] = size_t(share * double(e.stride[t])) & ~size_t(15);
-  fork_side();
-  l2_prefetch_experts(ids.ptr<int32_t>(), int(n), w.shape().experts, e, side_.get());
-}
-
 Tensor CudaBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) {
   const int64_t T = x.rows(), D = x.numel() / std::max<int64_t>(T, 1);
   Tensor out = alloc(DType::BF16, {T, D});
@@ -165,14 +150,10 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeig
   const int k = int(r.ids.numel() / T);
   const MoeFp4Weights& mw = prepared_weights(w);
   const MoeFp4Path path = moe_path(mw.shape(), int(T), k);
-  // The decode path's routed weights toward L2: gate-up beside the shared expert, down beside gate-up.
-  const bool hint = path == MoeFp4Path::W4A16Decode && T <= kPrefetchMaxRows;
-  if (hint) prefetch_routed(mw, r.ids, false);
   // x quantised once: the shared expert's FP8 input, and (W4A16 paths) the routed experts' FP8-grid x.
   const MoeInput in = quantise_moe_input(x, path != MoeFp4Path::W4A8);
   // Shared expert (SPEC §3.7): the routed experts' SwiGLU on the FP8 linears, no routing weight.
   Tensor ys = shared_expert(x, in, w.shared, swiglu_limit, false);
-  if (hint) prefetch_routed(mw, r.ids, true);
   MoeWorkspace& ws = moe_workspace(mw.shape(), int(T), k);
   moe_fp4_forward_path(path, mw, x.ptr<uint16_t>(), int(T), r.ids.ptr<int32_t>(), r.weights.ptr<float>(), k,
                        ys.ptr<uint16_t>(), out.ptr<uint16_t>(), ws, stream(), MoeActivationNumerics::Fp8,
@@ -187,6 +168,9 @@ Tensor CudaBackend::moe_expert_partials(const Tensor& x, const Routing& r, const
   if (!T) return out;
   const MoeFp4Weights& mw = prepared_weights(w);
   const MoeFp4Path path = moe_path(mw.shape(), int(T), k);
+  const MoeInput in = quantise_moe_input(x, path != MoeFp4Path::W4A8);
+  // The shared expert's intermediate is split like a tensor-parallel expert's: its w2 partial.
+  Tensor ys = shared_expert(x, in, w.shared, swiglu_limit, true);
   const int local = mw.shape().experts;
   // Expert parallelism: the pairs of experts this rank holds, by local index (the others → −1).
   Tensor local_ids = r.ids;
@@ -194,12 +178,6 @@ Tensor CudaBackend::moe_expert_partials(const Tensor& x, const Routing& r, const
     local_ids = alloc(DType::I32, {T, k});
     moe_local_expert_ids(r.ids.ptr<int32_t>(), T * k, w.expert_begin, local, local_ids.ptr<int32_t>(), stream());
   }
-  const bool hint = path == MoeFp4Path::W4A16Decode && T <= kPrefetchMaxRows;  // as in moe_experts
-  if (hint) prefetch_routed(mw, local_ids, false);
-  const MoeInput in = quantise_moe_input(x, path != MoeFp4Path::W4A8);
-  // The shared expert's intermediate is split like a tensor-parallel expert's: its w2 partial.
-  Tensor ys = shared_expert(x, in, w.shared, swiglu_limit, true);
-  if (hint) prefetch_routed(mw, local_ids, true);
   MoeWorkspace& ws = moe_workspace(mw.shape(), int(T), k);
   moe_fp4_partials(path, mw, x.ptr<uint16_t>(), int(T), local_ids.ptr<int32_t>(), r.weights.ptr<float>(), k,
                    ys.ptr<float>(), out.ptr<float>(), ws, stream(), MoeActivationNumerics::Fp8,

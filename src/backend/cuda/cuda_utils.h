@@ -128,10 +128,7 @@ class Stream {
 
 class Event {
  public:
-  // timing false: an ordering point only (cheaper to record and wait on).
-  explicit Event(bool timing = true) {
-    DSV4_CUDA_CHECK(cudaEventCreateWithFlags(&e_, timing ? cudaEventDefault : cudaEventDisableTiming));
-  }
+  Event() { DSV4_CUDA_CHECK(cudaEventCreate(&e_)); }
   ~Event() { cudaEventDestroy(e_); }
   Event(const Event&) = delete;
   Event& operator=(const Event&) = delete;

@@ -60,11 +60,6 @@ class MoeFp4Weights {
   float* mutable_w4a8_down_row_scale() { return w4a8_down_row_scale_.get(); }
   // Bytes one expert occupies (weights + scales), for bandwidth accounting.
   size_t expert_bytes() const;
-  // One expert's slice of each W4A16 table (the tables are expert-major).
-  size_t gate_up_stride() const { return gate_up_.bytes() / size_t(shape_.experts); }
-  size_t gate_up_scales_stride() const { return gate_up_scales_.bytes() / size_t(shape_.experts); }
-  size_t down_stride() const { return down_.bytes() / size_t(shape_.experts); }
-  size_t down_scales_stride() const { return down_scales_.bytes() / size_t(shape_.experts); }
 
  private:
   explicit MoeFp4Weights(const MoeFp4Shape& shape);
