@@ -92,6 +92,11 @@ CudaBackend::CudaBackend(int device) : device_(device), memory_(std::make_shared
     else if (v != "auto") fail("DSV4_MOE_PATH={}: expected auto, w4a16, w4a16-batched or w4a8", v);
   }
   linear_mode_ = linear_path_mode_from_env();
+  if (const char* p = std::getenv("DSV4_MOE_SHARED_BRANCH")) {
+    const std::string v = p;
+    if (v != "0" && v != "1") fail("DSV4_MOE_SHARED_BRANCH={}: expected 0 (the shared expert in line) or 1 (beside the routed)", v);
+    shared_branch_ = v == "1";
+  }
   // Created here, never inside a recording: the handle and its workspace are allocations.
   if (linear_mode_ != LinearPathMode::Kernel) gemm_ = std::make_unique<LinearGemm>();
 }
@@ -99,6 +104,7 @@ CudaBackend::CudaBackend(int device) : device_(device), memory_(std::make_shared
 CudaBackend::~CudaBackend() {
   // The members go with this device current (the caller may be another rank's thread).
   cudaSetDevice(device_.index);
+  cudaStreamSynchronize(side_.get());
   cudaStreamSynchronize(stream_.get());
 }
 
@@ -110,7 +116,26 @@ std::string CudaBackend::name() const {
                      double(prop.totalGlobalMem) / 1e9);
 }
 
-void CudaBackend::synchronize() { stream_.sync(); }
+void CudaBackend::synchronize() {
+  join_side();
+  stream_.sync();
+}
+
+void CudaBackend::fork_side() {
+  DSV4_CHECK(active_ == stream_.get(), "fork_side: already on the branch");
+  fork_event_.record(stream_.get());
+  DSV4_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), fork_event_.get()));
+  active_ = side_.get();
+  side_pending_ = true;
+}
+
+void CudaBackend::join_side() {
+  unfork_side();
+  if (!side_pending_) return;
+  join_event_.record(side_.get());
+  DSV4_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), join_event_.get()));
+  side_pending_ = false;
+}
 
 namespace {
 // "dsv4::cuda::(anonymous namespace)::rope_kernel(…)" → "rope_kernel"; template arguments stay.
@@ -200,6 +225,7 @@ void CudaBackend::begin_capture() {
 
 std::unique_ptr<CapturedWork> CudaBackend::end_capture() {
   memory_->set_recording(false);
+  join_side();  // a recording ends on the stream it began on, every branch joined
   auto g = std::make_unique<CudaGraph>();
   const cudaError_t err = cudaStreamEndCapture(stream(), &g->graph);
   if (err != cudaSuccess) {

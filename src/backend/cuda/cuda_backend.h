@@ -61,7 +61,8 @@ class CudaBackend final : public Backend {
   explicit CudaBackend(int device = 0);
   ~CudaBackend() override;
   std::string name() const override;
-  cudaStream_t stream() const { return stream_.get(); }
+  // Where ops enqueue: the backend's stream, or inside a branch (SideBranch) the side stream.
+  cudaStream_t stream() const { return active_; }
   int device() const { return device_.index; }
 
   const void* place_weight(const void* host, size_t bytes) override;
@@ -163,7 +164,22 @@ class CudaBackend final : public Backend {
   // The shared expert (SPEC §3.7): w2(swiglu(w1·x, w3·x)), bf16 or (f32) linear_partial's. FP8 weights
   // take x's codes and scales from `in` and the SwiGLU goes straight to FP8 for w2 (one launch);
   // other formats run the linears.
-  Tensor shared_expert(const Tensor& x, const MoeInput& in, const ExpertWeights& shared, float swiglu_limit, bool f32);
+  // `keep` (if set) takes its scratch tensors, for a caller that runs it on a branch (SideBranch).
+  Tensor shared_expert(const Tensor& x, const MoeInput& in, const ExpertWeights& shared, float swiglu_limit, bool f32,
+                       std::vector<Tensor>* keep = nullptr);
+  // The shared expert on a branch beside the routed experts, for steps of up to kSharedBranchMaxRows
+  // rows (DSV4_MOE_SHARED_BRANCH=0: always in line). At decode sizes both are latency-bound and read
+  // different weights, so HBM can serve them together; larger steps keep the GPU busy in line.
+  static constexpr int64_t kSharedBranchMaxRows = 64;
+  Tensor shared_expert_beside(const Tensor& x, const MoeInput& in, const ExpertWeights& shared, float swiglu_limit,
+                              bool f32, std::vector<Tensor>& keep);
+  // A branch of work beside the stream: ops called between fork_side and unfork_side enqueue on
+  // side_, which first waits for the stream; join_side makes the stream wait for side_. A recording
+  // holds the branch as a graph branch. Tensors the branch uses must live until join_side: the pool
+  // orders reuse by the host's calls, which a second stream breaks.
+  void fork_side();
+  void unfork_side() { active_ = stream_.get(); }
+  void join_side();
   // The bf16-weight linears (linear_bf16w's arguments): cuBLASLt where the path mode and the rows
   // choose it and it can run the shape with bf16 x, else the CUDA-core kernel.
   void dense_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,
@@ -178,6 +194,11 @@ class CudaBackend final : public Backend {
     int index;
   } device_;
   Stream stream_;
+  Stream side_;
+  cudaStream_t active_ = stream_.get();
+  Event fork_event_{false}, join_event_{false};
+  bool side_pending_ = false;
+  bool shared_branch_ = true;
   std::shared_ptr<DeviceMemoryPool> memory_;
   uint64_t epoch_ = 0;  // recording_epoch: bumped where memory a recording may address is replaced
   std::vector<DeviceBuffer<uint8_t>> weights_;  // placed weights, alive as long as the backend

@@ -108,7 +108,7 @@ CudaBackend::MoeInput CudaBackend::quantise_moe_input(const Tensor& x, bool valu
 }
 
 Tensor CudaBackend::shared_expert(const Tensor& x, const MoeInput& in, const ExpertWeights& shared, float swiglu_limit,
-                                  bool f32) {
+                                  bool f32, std::vector<Tensor>* keep) {
   const int64_t T = x.rows();
   const int I = shared.w1.out;
   const auto fp8 = [&](const LinearWeight& w) { return w.format == WeightFormat::FP8_BLOCK && w.in % 128 == 0; };
@@ -117,6 +117,7 @@ Tensor CudaBackend::shared_expert(const Tensor& x, const MoeInput& in, const Exp
     const std::vector<Tensor> gu = linears(x, {&shared.w1, &shared.w3});
     Tensor h = alloc(DType::BF16, {T, I});
     swiglu(gu[0].ptr<uint16_t>(), gu[1].ptr<uint16_t>(), T, I, swiglu_limit, nullptr, h.ptr<uint16_t>(), stream());
+    if (keep) keep->insert(keep->end(), {gu[0], gu[1], h});
     return f32 ? linear_partial(h, shared.w2) : linear(h, shared.w2);
   }
   std::vector<Tensor> gu = {alloc(DType::BF16, {T, I}), alloc(DType::BF16, {T, I})};
@@ -126,7 +127,17 @@ Tensor CudaBackend::shared_expert(const Tensor& x, const MoeInput& in, const Exp
                        hs.ptr<float>(), stream());
   std::vector<Tensor> y = {alloc(f32 ? DType::F32 : DType::BF16, {T, shared.w2.out})};
   fp8_linears_quantised(hq, hs, {&shared.w2}, f32, y);
+  if (keep) keep->insert(keep->end(), {gu[0], gu[1], hq, hs});
   return y[0];
+}
+
+Tensor CudaBackend::shared_expert_beside(const Tensor& x, const MoeInput& in, const ExpertWeights& shared,
+                                         float swiglu_limit, bool f32, std::vector<Tensor>& keep) {
+  if (!shared_branch_ || x.rows() > kSharedBranchMaxRows) return shared_expert(x, in, shared, swiglu_limit, f32);
+  fork_side();
+  Tensor ys = shared_expert(x, in, shared, swiglu_limit, f32, &keep);
+  unfork_side();
+  return ys;
 }
 
 namespace {
@@ -152,12 +163,17 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeig
   const MoeFp4Path path = moe_path(mw.shape(), int(T), k);
   // x quantised once: the shared expert's FP8 input, and (W4A16 paths) the routed experts' FP8-grid x.
   const MoeInput in = quantise_moe_input(x, path != MoeFp4Path::W4A8);
-  // Shared expert (SPEC §3.7): the routed experts' SwiGLU on the FP8 linears, no routing weight.
-  Tensor ys = shared_expert(x, in, w.shared, swiglu_limit, false);
-  MoeWorkspace& ws = moe_workspace(mw.shape(), int(T), k);
-  moe_fp4_forward_path(path, mw, x.ptr<uint16_t>(), int(T), r.ids.ptr<int32_t>(), r.weights.ptr<float>(), k,
-                       ys.ptr<uint16_t>(), out.ptr<uint16_t>(), ws, stream(), MoeActivationNumerics::Fp8,
-                       in.values.data ? in.values.ptr<uint16_t>() : nullptr);
+  MoeWorkspace& ws = moe_workspace(mw.shape(), int(T), k);  // (grows outside the branch: it synchronises)
+  // Shared expert (SPEC §3.7): the routed experts' SwiGLU on the FP8 linears, no routing weight;
+  // beside the routed experts, joined before the combine adds it.
+  std::vector<Tensor> keep;
+  Tensor ys = shared_expert_beside(x, in, w.shared, swiglu_limit, false, keep);
+  const uint16_t* x_fp8 = in.values.data ? in.values.ptr<uint16_t>() : nullptr;
+  moe_fp4_experts(path, mw, x.ptr<uint16_t>(), x_fp8, int(T), r.ids.ptr<int32_t>(), r.weights.ptr<float>(), k, nullptr,
+                  ws, stream(), MoeActivationNumerics::Fp8);
+  join_side();
+  cuda::moe_combine(ws.expert_out.get(), r.ids.ptr<int32_t>(), int(T), k, mw.shape().experts, mw.shape().hidden,
+                    ys.ptr<uint16_t>(), out.ptr<uint16_t>(), stream());
   return out;
 }
 
@@ -168,9 +184,6 @@ Tensor CudaBackend::moe_expert_partials(const Tensor& x, const Routing& r, const
   if (!T) return out;
   const MoeFp4Weights& mw = prepared_weights(w);
   const MoeFp4Path path = moe_path(mw.shape(), int(T), k);
-  const MoeInput in = quantise_moe_input(x, path != MoeFp4Path::W4A8);
-  // The shared expert's intermediate is split like a tensor-parallel expert's: its w2 partial.
-  Tensor ys = shared_expert(x, in, w.shared, swiglu_limit, true);
   const int local = mw.shape().experts;
   // Expert parallelism: the pairs of experts this rank holds, by local index (the others → −1).
   Tensor local_ids = r.ids;
@@ -178,10 +191,18 @@ Tensor CudaBackend::moe_expert_partials(const Tensor& x, const Routing& r, const
     local_ids = alloc(DType::I32, {T, k});
     moe_local_expert_ids(r.ids.ptr<int32_t>(), T * k, w.expert_begin, local, local_ids.ptr<int32_t>(), stream());
   }
+  const MoeInput in = quantise_moe_input(x, path != MoeFp4Path::W4A8);
   MoeWorkspace& ws = moe_workspace(mw.shape(), int(T), k);
-  moe_fp4_partials(path, mw, x.ptr<uint16_t>(), int(T), local_ids.ptr<int32_t>(), r.weights.ptr<float>(), k,
-                   ys.ptr<float>(), out.ptr<float>(), ws, stream(), MoeActivationNumerics::Fp8,
-                   in.values.data ? in.values.ptr<uint16_t>() : nullptr);
+  // The shared expert's intermediate is split like a tensor-parallel expert's: its w2 partial.
+  // (Nothing is allocated from here to the join but by the branch, which keeps its scratch.)
+  std::vector<Tensor> keep;
+  Tensor ys = shared_expert_beside(x, in, w.shared, swiglu_limit, true, keep);
+  const uint16_t* x_fp8 = in.values.data ? in.values.ptr<uint16_t>() : nullptr;
+  moe_fp4_experts(path, mw, x.ptr<uint16_t>(), x_fp8, int(T), local_ids.ptr<int32_t>(), r.weights.ptr<float>(), k,
+                  out.ptr<float>(), ws, stream(), MoeActivationNumerics::Fp8);
+  join_side();
+  moe_partials_finish(local_ids.ptr<int32_t>(), int(T), k, local, mw.shape().hidden, ys.ptr<float>(), out.ptr<float>(),
+                      stream());
   return out;
 }
 

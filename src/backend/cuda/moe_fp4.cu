@@ -370,11 +370,7 @@ const char* moe_fp4_path_name(MoeFp4Path path) {
   return "?";
 }
 
-namespace {
-
-// Routing and both GEMMs of the forward: each pair's bf16 output in ws.expert_out, or with
-// `partials` its f32 output there (moe_fp4_partials).
-void run_experts(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, const uint16_t* x_fp8, int tokens,
+void moe_fp4_experts(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, const uint16_t* x_fp8, int tokens,
                  const int32_t* topk_ids, const float* topk_weights, int k, float* partials, MoeWorkspace& ws,
                  cudaStream_t stream, MoeActivationNumerics numerics) {
   const MoeFp4Shape& s = w.shape();
@@ -395,14 +391,12 @@ void run_experts(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, con
   }
 }
 
-}  // namespace
-
 void moe_fp4_forward_path(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, int tokens,
                           const int32_t* topk_ids, const float* topk_weights, int k, const uint16_t* shared_or_null,
                           uint16_t* out, MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics,
                           const uint16_t* x_fp8) {
   if (tokens <= 0) return;
-  run_experts(path, w, x, x_fp8, tokens, topk_ids, topk_weights, k, nullptr, ws, stream, numerics);
+  moe_fp4_experts(path, w, x, x_fp8, tokens, topk_ids, topk_weights, k, nullptr, ws, stream, numerics);
   moe_combine(ws.expert_out.get(), topk_ids, tokens, k, w.shape().experts, w.shape().hidden, shared_or_null, out, stream);
 }
 
@@ -410,7 +404,7 @@ void moe_fp4_partials(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x
                       const float* topk_weights, int k, const float* shared_or_null, float* partials, MoeWorkspace& ws,
                       cudaStream_t stream, MoeActivationNumerics numerics, const uint16_t* x_fp8) {
   if (tokens <= 0) return;
-  run_experts(path, w, x, x_fp8, tokens, topk_ids, topk_weights, k, partials, ws, stream, numerics);
+  moe_fp4_experts(path, w, x, x_fp8, tokens, topk_ids, topk_weights, k, partials, ws, stream, numerics);
   moe_partials_finish(topk_ids, tokens, k, w.shape().experts, w.shape().hidden, shared_or_null, partials, stream);
 }
 

@@ -155,6 +155,14 @@ void moe_fp4_partials(MoeFp4Path path, const MoeFp4Weights& weights, const uint1
                       float* partials, MoeWorkspace& ws, cudaStream_t stream,
                       MoeActivationNumerics numerics = MoeActivationNumerics::Bf16, const uint16_t* x_fp8 = nullptr);
 
+// The routing and both GEMMs of the two above, without their last step: each pair's bf16 output in
+// ws.expert_out (partials null), or its f32 output in partials' pair rows. moe_combine or
+// moe_partials_finish then completes the forward or the partials (a caller that computes the shared
+// expert beside the GEMMs adds it there).
+void moe_fp4_experts(MoeFp4Path path, const MoeFp4Weights& weights, const uint16_t* x, const uint16_t* x_fp8,
+                     int tokens, const int32_t* topk_ids, const float* topk_weights, int k, float* partials,
+                     MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics);
+
 // Routing-side kernels (moe_routing.cu).
 // Groups the tokens·k pairs by expert into ws (slots, sorted_pairs and, with_passes, the passes the
 // streaming kernel reads); one block, no host sync.
