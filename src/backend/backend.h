@@ -145,6 +145,15 @@ class Backend {
   // on tensor x, named `op` ("all_reduce"): run as an op of this backend, so a profiling backend
   // times it like the others.
   virtual void collective(const std::string& op, const Tensor& x, const std::function<void()>& run) { run(); }
+  // A branch of independent work: the ops called between branch_begin() and branch_end() may run
+  // beside the ops called after branch_end(), until branch_join(); after it, every op runs after
+  // both. The branch's ops read only what was enqueued before branch_begin() and write nothing the
+  // others read or write before the join; the caller keeps every tensor the branch uses alive until
+  // branch_join() (a backend's memory reuse follows the order of calls, which a branch breaks). The
+  // default runs all in the order called. A recording holds the branch as a branch of its graph.
+  virtual void branch_begin() {}
+  virtual void branch_end() {}
+  virtual void branch_join() {}
   // Records the ops called between begin_capture and end_capture instead of running them; replay
   // runs the recording. Only a backend that can_capture() implements these; a host read or a
   // synchronisation while capturing is an error.

@@ -49,6 +49,17 @@ class ProfilingBackend final : public Backend {
   void prepare_experts(MoeWeights& w, float swiglu_limit) override { inner_->prepare_experts(w, swiglu_limit); }
   void synchronize() override { inner_->synchronize(); }
   void collective(const std::string& op, const Tensor& x, const std::function<void()>& run) override;
+  // Forwarded only when not timing: each timed op runs alone, in the order called (a recorded step
+  // keeps its branches).
+  void branch_begin() override {
+    if (!on_) inner_->branch_begin();
+  }
+  void branch_end() override {
+    if (!on_) inner_->branch_end();
+  }
+  void branch_join() override {
+    if (!on_) inner_->branch_join();
+  }
   bool can_capture() const override { return inner_->can_capture(); }
   uint64_t recording_epoch() const override { return inner_->recording_epoch(); }
   void begin_capture() override;

@@ -579,7 +579,7 @@ Dsv4Model::BlockOutput Dsv4Model::run_block_pending(const BlockWeights& block, B
 }
 
 void Dsv4Model::compress(const CompressorWeights& w, const Tensor& x, const StepPlan& plan, const LayerPlan& lp,
-                         bool index_keys, const RopeTable& rope) {
+                         bool index_keys, const RopeTable& rope, std::vector<Tensor>& keep) {
   const ModelConfig& c = config();
   const int d = w.head_dim, width = w.coff * d;
   Tensor a = backend_.linear_f32(x, w.wkv, width, c.dim);
@@ -590,6 +590,7 @@ void Dsv4Model::compress(const CompressorWeights& w, const Tensor& x, const Step
   StateSlots& states = index_keys ? lp.caches->index_compressor : lp.caches->compressor;
   Tensor pooled = backend_.compressor_update(a, g, plan.tables, index_keys ? lp.index_compressor_slots : lp.compressor_slots,
                                              e, lp.max_span_rows, w.ape, states.states());
+  keep.insert(keep.end(), {a, g, pooled});
   if (!e) return;  // the states still took every row
   StepIndexArgs at;
   at.kind = StepIndexKind::CompressedPositions;
@@ -605,6 +606,7 @@ void Dsv4Model::compress(const CompressorWeights& w, const Tensor& x, const Step
   backend_.norm_rope(u, d, w.norm, float(c.norm_eps), c.rope_dim, entry_pos, rope, !w.rotate);
   if (w.rotate) backend_.hadamard_fp4_simulate(u, d);
   backend_.write_entries(u, ids, index_keys ? lp.caches->keys.pool() : lp.caches->kv.pool());
+  keep.insert(keep.end(), {entry_pos, ids, u});
 }
 
 Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const StepPlan& plan, const LayerPlan& lp) {
@@ -616,6 +618,20 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   const int64_t T = x.rows();
   const Tensor& positions = plan.tables.positions;
   EntryPool& kv_pool = lp.caches->kv.pool();
+
+  // The compressors read only x and the step's tables (SPEC §3.4): at decode sizes a branch beside
+  // the query path (Backend::branch_begin; both are chains of latency-bound kernels), joined where
+  // the indexer or attention first reads their entries. `keep` holds the branch's tensors until then.
+  const bool beside = block.ratio && T <= kBranchMaxRows;
+  std::vector<Tensor> keep;
+  if (beside) backend_.branch_begin();
+  if (block.ratio) compress(w.compressor, x, plan, lp, false, rope, keep);
+  if (block.ratio == 4) compress(w.indexer.compressor, x, plan, lp, true, rope, keep);
+  if (beside) backend_.branch_end();
+  const auto join_compressors = [&] {
+    if (beside) backend_.branch_join();
+    keep.clear();
+  };
 
   std::vector<Tensor> qa_kv = backend_.linears(x, {&w.wq_a, &w.wkv});
   Tensor qr = backend_.rms_norm(qa_kv[0], w.q_norm, eps);
@@ -649,7 +665,6 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   const std::vector<Tensor> idx = backend_.step_index_sets({ix, ring, block.ratio == 4 ? kc : li});
   const Tensor &new_entries = idx[0], &ring_slots = idx[1];
   backend_.write_entries(kv, new_entries, kv_pool);
-  if (block.ratio) compress(w.compressor, x, plan, lp, false, rope);
 
   // Indexer (CSA): choose compressed entries per query (SPEC §3.5).
   Tensor topk;
@@ -661,7 +676,7 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
     backend_.hadamard_fp4_simulate(qi, id);
     Tensor hw = backend_.linear_bf16(x, iw.weights_proj, Hi, c.dim);
     hw = backend_.scale(hw, float(std::pow(double(id), -0.5) * std::pow(double(Hi), -0.5)));
-    compress(iw.compressor, x, plan, lp, true, rope);
+    join_compressors();
     KeyTables keys{lp.keys, plan.tables.row_span, idx[2], std::max(lp.max_keys, 1)};
     topk = backend_.indexer_topk(qi, hw, Hi, lp.caches->keys.pool(), keys, c.index_topk);
     emit("index_topk", l, topk);
@@ -674,6 +689,7 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
     lists = backend_.step_indices(li);
   }
   const float scale = float(1.0 / std::sqrt(double(hd)));
+  if (block.ratio != 4) join_compressors();
   Tensor o = backend_.sparse_attention(q, H, hd, kv_pool, lists, w.sink, scale);
 
   // The ring keeps the last `win` positions of every sequence.

@@ -145,8 +145,12 @@ class Dsv4Model : public ServingModel {
   BlockOutput run_block_pending(const BlockWeights& block, BlockOutput in, const StepPlan& plan, size_t layer);
   Tensor settle(BlockOutput out);  // X, running a pending hc_post
   Tensor attention(const BlockWeights& block, const Tensor& x, const StepPlan& plan, const LayerPlan& lp);
+  // The layer's compressor (or with index_keys the indexer's) over this step's rows; every tensor it
+  // makes goes to `keep` (the caller may run it as a Backend branch).
   void compress(const CompressorWeights& w, const Tensor& x, const StepPlan& plan, const LayerPlan& lp, bool index_keys,
-                const RopeTable& rope);
+                const RopeTable& rope, std::vector<Tensor>& keep);
+  // Steps of up to this many rows run the compressors as a branch beside the query path.
+  static constexpr int64_t kBranchMaxRows = 64;
   Tensor embed_streams(const StepPlan& plan);  // [T, hc, D]
   bool split() const { return comm_ && comm_->world_size() > 1; }
   void emit(const std::string& name, int layer, const Tensor& t) {

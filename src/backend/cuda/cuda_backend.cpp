@@ -93,9 +93,16 @@ CudaBackend::CudaBackend(int device) : device_(device), memory_(std::make_shared
   }
   linear_mode_ = linear_path_mode_from_env();
   if (const char* p = std::getenv("DSV4_MOE_SHARED_BRANCH")) {
+    char* end = nullptr;
+    const long v = std::strtol(p, &end, 10);
+    if (!*p || *end || v < 0)
+      fail("DSV4_MOE_SHARED_BRANCH={}: expected the rows up to which the shared expert runs beside the routed (0: never)", p);
+    shared_branch_rows_ = v;
+  }
+  if (const char* p = std::getenv("DSV4_BRANCHES")) {
     const std::string v = p;
-    if (v != "0" && v != "1") fail("DSV4_MOE_SHARED_BRANCH={}: expected 0 (the shared expert in line) or 1 (beside the routed)", v);
-    shared_branch_ = v == "1";
+    if (v != "0" && v != "1") fail("DSV4_BRANCHES={}: expected 1 (branches beside the stream) or 0 (in line)", v);
+    branches_ = v == "1";
   }
   // Created here, never inside a recording: the handle and its workspace are allocations.
   if (linear_mode_ != LinearPathMode::Kernel) gemm_ = std::make_unique<LinearGemm>();

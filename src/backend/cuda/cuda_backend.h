@@ -68,6 +68,12 @@ class CudaBackend final : public Backend {
   const void* place_weight(const void* host, size_t bytes) override;
   void prepare_experts(MoeWeights& w, float swiglu_limit) override;
   void synchronize() override;
+  // On the side stream (fork_side ... join_side below); DSV4_BRANCHES=0 runs them in line.
+  void branch_begin() override {
+    if (branches_) fork_side();
+  }
+  void branch_end() override { unfork_side(); }
+  void branch_join() override { join_side(); }
   bool can_capture() const override { return true; }
   void begin_capture() override;
   std::unique_ptr<CapturedWork> end_capture() override;
@@ -167,10 +173,10 @@ class CudaBackend final : public Backend {
   // `keep` (if set) takes its scratch tensors, for a caller that runs it on a branch (SideBranch).
   Tensor shared_expert(const Tensor& x, const MoeInput& in, const ExpertWeights& shared, float swiglu_limit, bool f32,
                        std::vector<Tensor>* keep = nullptr);
-  // The shared expert on a branch beside the routed experts, for steps of up to kSharedBranchMaxRows
-  // rows (DSV4_MOE_SHARED_BRANCH=0: always in line). At decode sizes both are latency-bound and read
-  // different weights, so HBM can serve them together; larger steps keep the GPU busy in line.
-  static constexpr int64_t kSharedBranchMaxRows = 64;
+  // The shared expert on a branch beside the routed experts, for steps of up to shared_branch_rows_
+  // rows (DSV4_MOE_SHARED_BRANCH=N; 0: always in line). At one row both are latency-bound and read
+  // different weights, so HBM serves them together; at 16 and 64 rows in line was faster on the H200
+  // (docs/perf/2026-12-03-branches.md).
   Tensor shared_expert_beside(const Tensor& x, const MoeInput& in, const ExpertWeights& shared, float swiglu_limit,
                               bool f32, std::vector<Tensor>& keep);
   // A branch of work beside the stream: ops called between fork_side and unfork_side enqueue on
@@ -198,7 +204,8 @@ class CudaBackend final : public Backend {
   cudaStream_t active_ = stream_.get();
   Event fork_event_{false}, join_event_{false};
   bool side_pending_ = false;
-  bool shared_branch_ = true;
+  int64_t shared_branch_rows_ = 1;
+  bool branches_ = true;  // DSV4_BRANCHES=0: Backend::branch_begin runs the branch in line
   std::shared_ptr<DeviceMemoryPool> memory_;
   uint64_t epoch_ = 0;  // recording_epoch: bumped where memory a recording may address is replaced
   std::vector<DeviceBuffer<uint8_t>> weights_;  // placed weights, alive as long as the backend

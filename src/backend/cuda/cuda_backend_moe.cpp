@@ -133,7 +133,7 @@ Tensor CudaBackend::shared_expert(const Tensor& x, const MoeInput& in, const Exp
 
 Tensor CudaBackend::shared_expert_beside(const Tensor& x, const MoeInput& in, const ExpertWeights& shared,
                                          float swiglu_limit, bool f32, std::vector<Tensor>& keep) {
-  if (!shared_branch_ || x.rows() > kSharedBranchMaxRows) return shared_expert(x, in, shared, swiglu_limit, f32);
+  if (x.rows() > shared_branch_rows_) return shared_expert(x, in, shared, swiglu_limit, f32);
   fork_side();
   Tensor ys = shared_expert(x, in, shared, swiglu_limit, f32, &keep);
   unfork_side();
