@@ -174,7 +174,7 @@ class CudaBackend final : public Backend {
   Tensor shared_expert(const Tensor& x, const MoeInput& in, const ExpertWeights& shared, float swiglu_limit, bool f32,
                        std::vector<Tensor>* keep = nullptr);
   // The shared expert on a branch beside the routed experts, for steps of up to shared_branch_rows_
-  // rows (DSV4_MOE_SHARED_BRANCH=N; 0: always in line). At one row both are latency-bound and read
+  // rows (DSV4_MOE_SHARED_BRANCH=N; 0: always in line). Up to 8 rows both are latency-bound and read
   // different weights, so HBM serves them together; at 16 and 64 rows in line was faster on the H200
   // (docs/perf/2026-12-03-branches.md).
   Tensor shared_expert_beside(const Tensor& x, const MoeInput& in, const ExpertWeights& shared, float swiglu_limit,
@@ -204,7 +204,7 @@ class CudaBackend final : public Backend {
   cudaStream_t active_ = stream_.get();
   Event fork_event_{false}, join_event_{false};
   bool side_pending_ = false;
-  int64_t shared_branch_rows_ = 1;
+  int64_t shared_branch_rows_ = 8;
   bool branches_ = true;  // DSV4_BRANCHES=0: Backend::branch_begin runs the branch in line
   std::shared_ptr<DeviceMemoryPool> memory_;
   uint64_t epoch_ = 0;  // recording_epoch: bumped where memory a recording may address is replaced
