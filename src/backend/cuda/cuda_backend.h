@@ -1,5 +1,6 @@
 // The CUDA backend: every op of backend.h on the GPU, composed of the kernels in this folder (one
-// op per .cu, each tested against its CPU twin). All work goes to one stream in order; a step's
+// op per .cu, each tested against its CPU twin). All work goes to one stream in order, except a
+// branch (Backend::branch_begin, the shared expert at decode sizes) on a side stream; a step's
 // tensors come from a caching pool, so a step after the first of its shape allocates nothing from
 // the driver, and no op uploads, reads back or synchronises: host reads (to_host) are the only
 // synchronisation, and a step can be recorded as a CUDA graph (begin_capture) and replayed.
