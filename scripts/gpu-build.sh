@@ -16,6 +16,10 @@ for t in "${targets[@]:1}"; do cp "$build/tests/"*/"$t" gpu-bin/; done
 # Shared libraries of Debian -dev packages the GPU machine may lack (cpp-httplib): next to the binaries.
 mkdir -p gpu-bin/lib
 for lib in $(ldd gpu-bin/dsv4 | awk '/libcpp-httplib/ {print $3}'); do cp -L "$lib" gpu-bin/lib/; done
+# CUPTI, which the profile's replay trace opens at run time: the toolkit's own, so that its records
+# match the headers the trace was built with.
+cupti=$(ls /usr/local/cuda/lib64/libcupti.so.* /usr/local/cuda/extras/CUPTI/lib64/libcupti.so.* 2>/dev/null | head -n 1 || true)
+[ -n "$cupti" ] && cp -L "$cupti" gpu-bin/lib/
 # The call that carries gpu-bin/ to a GPU machine has a size limit: no symbols.
 strip gpu-bin/dsv4 gpu-bin/*_test 2>/dev/null || true
 # The machine that runs gpu-bin/ may have no git history: record what was built.

@@ -10,6 +10,10 @@ namespace dsv4 {
 void Backend::begin_capture() { fail("the {} backend cannot record work for replay", name()); }
 std::unique_ptr<CapturedWork> Backend::end_capture() { fail("the {} backend cannot record work for replay", name()); }
 void Backend::replay(const CapturedWork&) { fail("the {} backend cannot replay recorded work", name()); }
+std::vector<std::vector<CapturedWork::TracedItem>> Backend::trace_replays(const CapturedWork&, int, std::string& why_not) {
+  why_not = fmt::format("the {} backend does not trace its replays", name());
+  return {};
+}
 
 void Backend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight, float eps, int rope_dim,
                         const Tensor& positions, const RopeTable& table, bool fp8_nope) {

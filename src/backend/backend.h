@@ -126,6 +126,14 @@ struct CapturedWork {
     int64_t count = 0, early = 0;
   };
   virtual std::vector<ItemKind> item_kinds() const { return {}; }
+  // One item of a traced replay (Backend::trace_replays): `item` is its place in the order the
+  // recording made the items (what Backend::recorded_items() counted while recording), the times
+  // are the device's, in µs from an arbitrary origin.
+  struct TracedItem {
+    int64_t item = -1;
+    std::string name;
+    double start_us = 0, end_us = 0;
+  };
 };
 
 class Backend {
@@ -161,6 +169,13 @@ class Backend {
   virtual void begin_capture();
   virtual std::unique_ptr<CapturedWork> end_capture();
   virtual void replay(const CapturedWork& work);
+  // The profile's view of a replay. recorded_items(): how many items the recording being made holds
+  // so far (so the ops called between two reads made the items between them; 0 where not counted).
+  // trace_replays(): replays `work` `replays` times and returns each replay's items as they ran on
+  // the device, or nothing with `why_not` set where this backend or machine cannot trace.
+  virtual int64_t recorded_items() const { return 0; }
+  virtual std::vector<std::vector<CapturedWork::TracedItem>> trace_replays(const CapturedWork& work, int replays,
+                                                                           std::string& why_not);
   // Changes whenever memory a recording may address is replaced (a workspace, cache pool or state
   // grown by moving it): recordings made under another value must not be replayed.
   virtual uint64_t recording_epoch() const { return 0; }

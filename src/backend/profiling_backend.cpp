@@ -73,11 +73,30 @@ const std::vector<ProfilingBackend::OpRecord>& ProfilingBackend::stop() {
 void ProfilingBackend::begin_capture() {
   DSV4_CHECK(!on_, "ProfilingBackend: stop recording ops before recording a step for replay");
   inner_->begin_capture();
+  recorded_ops_.clear();
+  recording_ = true;
+}
+
+std::unique_ptr<CapturedWork> ProfilingBackend::end_capture() {
+  recording_ = false;
+  return inner_->end_capture();
 }
 
 template <typename F>
 auto ProfilingBackend::timed(std::string op, OpCost moved, F&& f, std::function<OpCost()> after) {
   using R = std::invoke_result_t<F>;
+  if (recording_) {
+    RecordedOp r{std::move(op), region_, inner_->recorded_items(), 0};
+    // Recorded in call order, also when f throws; `to` is set once f has recorded its items.
+    recorded_ops_.push_back(r);
+    const size_t at = recorded_ops_.size() - 1;
+    struct SetTo {
+      ProfilingBackend* self;
+      size_t at;
+      ~SetTo() { self->recorded_ops_[at].to = self->inner_->recorded_items(); }
+    } set_to{this, at};
+    return f();
+  }
   if (!on_) return f();
   Pending p;
   p.record.op = std::move(op);

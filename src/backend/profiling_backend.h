@@ -43,6 +43,14 @@ class ProfilingBackend final : public Backend {
   const std::vector<OpRecord>& stop();
   // The region (a layer index, say) the next ops are attributed to.
   void set_region(int region) { region_ = region; }
+  // While a step is recorded for replay, each op call's items in the recording: [from, to) in the
+  // order the recording made them (Backend::recorded_items), for the traced replay's view by op.
+  struct RecordedOp {
+    std::string op;
+    int region = -1;
+    int64_t from = 0, to = 0;
+  };
+  const std::vector<RecordedOp>& recorded_ops() const { return recorded_ops_; }
 
   std::string name() const override { return inner_->name(); }
   const void* place_weight(const void* host, size_t bytes) override { return inner_->place_weight(host, bytes); }
@@ -63,8 +71,13 @@ class ProfilingBackend final : public Backend {
   bool can_capture() const override { return inner_->can_capture(); }
   uint64_t recording_epoch() const override { return inner_->recording_epoch(); }
   void begin_capture() override;
-  std::unique_ptr<CapturedWork> end_capture() override { return inner_->end_capture(); }
+  std::unique_ptr<CapturedWork> end_capture() override;
   void replay(const CapturedWork& work) override { inner_->replay(work); }
+  int64_t recorded_items() const override { return inner_->recorded_items(); }
+  std::vector<std::vector<CapturedWork::TracedItem>> trace_replays(const CapturedWork& work, int replays,
+                                                                   std::string& why_not) override {
+    return inner_->trace_replays(work, replays, why_not);
+  }
   int mark() override { return inner_->mark(); }
   double elapsed_ms(int from, int to) override { return inner_->elapsed_ms(from, to); }
   void clear_marks() override { inner_->clear_marks(); }
@@ -147,8 +160,9 @@ class ProfilingBackend final : public Backend {
   template <typename F> auto timed(std::string op, OpCost bytes, F&& f, std::function<OpCost()> after = {});
 
   std::unique_ptr<Backend> inner_;
-  bool on_ = false;
+  bool on_ = false, recording_ = false;
   int region_ = -1;
+  std::vector<RecordedOp> recorded_ops_;
   std::vector<Pending> pending_;
   std::vector<OpRecord> records_;
 };

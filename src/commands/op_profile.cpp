@@ -3,6 +3,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <iterator>
 
 namespace dsv4::commands {
 
@@ -51,36 +52,121 @@ FlashProjection project_flash(const OpProfile& p, const ModelConfig& c) {
   return f;
 }
 
+ReplayView replay_view(const std::vector<std::vector<CapturedWork::TracedItem>>& replays,
+                       const std::vector<ProfilingBackend::RecordedOp>& ops, const ModelConfig& c) {
+  ReplayView v;
+  if (replays.empty()) return v;
+  v.traced = true;
+  v.replays = int(replays.size());
+  std::map<int64_t, size_t> op_at;  // an op call's first item → the call
+  for (size_t i = 0; i < ops.size(); ++i)
+    if (ops[i].to > ops[i].from) op_at[ops[i].from] = i;
+  auto op_of = [&](int64_t item) -> const ProfilingBackend::RecordedOp* {
+    auto it = op_at.upper_bound(item);
+    if (it == op_at.begin()) return nullptr;
+    const auto& op = ops[std::prev(it)->second];
+    return item < op.to ? &op : nullptr;
+  };
+  const double per = 1.0 / double(replays.size());
+  std::map<std::string, ReplayView::Kernel> kernels;
+  for (size_t r = 0; r < replays.size(); ++r) {
+    std::vector<CapturedWork::TracedItem> items = replays[r];
+    if (items.empty()) continue;
+    double front = items.front().start_us, last = front;
+    for (const auto& it : items) front = std::min(front, it.start_us), last = std::max(last, it.end_us);
+    v.step_us += (last - front) * per;
+    std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.end_us < b.end_us; });
+    for (const auto& it : items) {
+      const double share = std::max(0.0, it.end_us - front);
+      front = std::max(front, it.end_us);
+      ReplayView::Kernel& k = kernels[it.name];
+      k.name = it.name, k.us += share * per, k.busy_us += (it.end_us - it.start_us) * per, k.calls += r == 0;
+      if (const auto* op = op_of(it.item)) {
+        v.op_us[{op->op, region_kind(op->region, c)}] += share * per;
+        v.region_us[op->region] += share * per;
+      } else {
+        v.unattributed_us += share * per;
+      }
+    }
+  }
+  for (auto& [name, k] : kernels) v.kernels.push_back(k);
+  std::sort(v.kernels.begin(), v.kernels.end(), [](const auto& a, const auto& b) { return a.us > b.us; });
+  return v;
+}
+
+void print_replay_kernels(const ReplayView& v, int top) {
+  fmt::print("### the traced replay by kernel (µs of the replayed step each moved its end; busy = start to end, a "
+             "programmatic launch starting early and waiting)\n\n| kernel | calls | µs | % | busy µs |\n|---|---:|---:|---:|---:|\n");
+  for (size_t i = 0; i < v.kernels.size() && int(i) < top; ++i) {
+    const auto& k = v.kernels[i];
+    fmt::print("| {} | {} | {:.1f} | {:.1f} | {:.1f} |\n", k.name, k.calls, k.us, 100 * k.us / v.step_us, k.busy_us);
+  }
+  if (v.kernels.size() > size_t(top)) {
+    double rest = 0;
+    for (size_t i = size_t(top); i < v.kernels.size(); ++i) rest += v.kernels[i].us;
+    fmt::print("| ({} more) | | {:.1f} | {:.1f} | |\n", v.kernels.size() - size_t(top), rest, 100 * rest / v.step_us);
+  }
+  fmt::print("\n");
+}
+
+nlohmann::json replay_view_json(const ReplayView& v) {
+  if (!v.traced) return nlohmann::json{{"traced", false}, {"why_not", v.why_not}};
+  nlohmann::json kernels = nlohmann::json::array();
+  for (const auto& k : v.kernels) kernels.push_back({{"name", k.name}, {"calls", k.calls}, {"us", k.us}, {"busy_us", k.busy_us}});
+  return {{"traced", true}, {"replays", v.replays}, {"step_us", v.step_us}, {"unattributed_us", v.unattributed_us},
+          {"kernels", kernels}};
+}
+
 namespace {
 double gbs(double bytes, double ms) { return ms > 0 ? bytes / (ms / 1e3) / 1e9 : 0; }
+double at(const std::map<std::pair<std::string, std::string>, double>& m, const std::pair<std::string, std::string>& k) {
+  auto it = m.find(k);
+  return it == m.end() ? 0 : it->second;
+}
 }  // namespace
 
-void print_op_tables(const OpProfile& p, const ModelConfig& c, double copy_gbs, bool flops) {
-  fmt::print("### ops (device time of each op alone, per step; % of the op sum; MB = weights + cache + activations)\n\n");
-  fmt::print("| op | layers | calls | µs | % | MB | GB/s | % of copy |{}\n|---|---|---:|---:|---:|---:|---:|---:|{}\n",
-             flops ? " TFLOP/s |" : "", flops ? "---:|" : "");
+void print_op_tables(const OpProfile& p, const ModelConfig& c, double copy_gbs, bool flops, const ReplayView* replay) {
+  const bool rp = replay && replay->traced;
+  fmt::print("### ops (device time of each op alone, per step; % of the op sum; MB = weights + cache + activations{})\n\n",
+             rp ? "; replayed: µs of the traced replayed step, % of it" : "");
+  fmt::print("| op | layers | calls | µs | % | MB | GB/s | % of copy |{}{}\n|---|---|---:|---:|---:|---:|---:|---:|{}{}\n",
+             flops ? " TFLOP/s |" : "", rp ? " replayed µs | replayed % |" : "", flops ? "---:|" : "", rp ? "---:|---:|" : "");
   for (const auto& [key, t] : p.ops) {
     const double g = gbs(t.cost.total(), t.ms);
     fmt::print("| {} | {} | {} | {:.1f} | {:.1f} | {:.3f} | {:.0f} | {:.1f} |", key.first, key.second, t.calls, t.ms * 1e3,
                100 * t.ms / p.step_ms, t.cost.total() / 1e6, g, 100 * g / copy_gbs);
     if (flops) fmt::print(" {:.1f} |", t.ms > 0 ? t.cost.flops / (t.ms / 1e3) / 1e12 : 0.0);
+    if (rp) {
+      const double us = at(replay->op_us, key);
+      fmt::print(" {:.1f} | {:.1f} |", us, 100 * us / replay->step_us);
+    }
     fmt::print("\n");
   }
-  fmt::print("\n### layers (op sums; MB = weights + cache)\n\n");
-  fmt::print("| layer | kind | ops | µs | MB | GB/s | % of copy |{}\n|---|---|---:|---:|---:|---:|---:|{}\n",
-             flops ? " TFLOP/s |" : "", flops ? "---:|" : "");
+  if (rp && replay->unattributed_us > 0)
+    fmt::print("| (items no op made) | | | | | | | |{} {:.1f} | {:.1f} |\n", flops ? " |" : "", replay->unattributed_us,
+               100 * replay->unattributed_us / replay->step_us);
+  fmt::print("\n### layers (op sums; MB = weights + cache{})\n\n", rp ? "; replayed: as above, and its bytes over it" : "");
+  fmt::print("| layer | kind | ops | µs | MB | GB/s | % of copy |{}{}\n|---|---|---:|---:|---:|---:|---:|{}{}\n",
+             flops ? " TFLOP/s |" : "", rp ? " replayed µs | replayed % of copy |" : "", flops ? "---:|" : "",
+             rp ? "---:|---:|" : "");
   for (const auto& [region, t] : p.regions) {
     const double b = t.cost.weights + t.cost.cache, g = gbs(b, t.ms);
     const std::string layer = region < 0 || region >= c.n_layers ? "-" : std::to_string(region);
     fmt::print("| {} | {} | {} | {:.1f} | {:.2f} | {:.0f} | {:.1f} |", layer, region_kind(region, c), t.calls, t.ms * 1e3,
                b / 1e6, g, 100 * g / copy_gbs);
     if (flops) fmt::print(" {:.1f} |", t.ms > 0 ? t.cost.flops / (t.ms / 1e3) / 1e12 : 0.0);
+    if (rp) {
+      auto it = replay->region_us.find(region);
+      const double us = it == replay->region_us.end() ? 0 : it->second;
+      fmt::print(" {:.1f} | {:.1f} |", us, 100 * gbs(b, us / 1e3) / copy_gbs);
+    }
     fmt::print("\n");
   }
   fmt::print("\n");
 }
 
-nlohmann::json op_tables_json(const OpProfile& p, const ModelConfig& c) {
+nlohmann::json op_tables_json(const OpProfile& p, const ModelConfig& c, const ReplayView* replay) {
+  const bool rp = replay && replay->traced;
   nlohmann::json ops = nlohmann::json::array(), regions = nlohmann::json::array();
   auto cost = [](const OpCost& k) {
     return nlohmann::json{{"bytes_weights", k.weights}, {"bytes_cache", k.cache}, {"bytes_activations", k.activations},
@@ -89,11 +175,13 @@ nlohmann::json op_tables_json(const OpProfile& p, const ModelConfig& c) {
   for (const auto& [key, t] : p.ops) {
     nlohmann::json j = {{"op", key.first}, {"layer_kind", key.second}, {"calls", t.calls}, {"us", t.ms * 1e3},
                         {"share", t.ms / p.step_ms}};
+    if (rp) j["replayed_us"] = at(replay->op_us, key);
     j.update(cost(t.cost));
     ops.push_back(j);
   }
   for (const auto& [region, t] : p.regions) {
     nlohmann::json j = {{"region", region}, {"kind", region_kind(region, c)}, {"calls", t.calls}, {"us", t.ms * 1e3}};
+    if (rp) j["replayed_us"] = replay->region_us.count(region) ? replay->region_us.at(region) : 0.0;
     j.update(cost(t.cost));
     regions.push_back(j);
   }

@@ -44,8 +44,34 @@ struct FlashProjection {
 };
 FlashProjection project_flash(const OpProfile& p, const ModelConfig& c);
 
+// A traced replay of the recorded step (Backend::trace_replays) seen by op: each item's share of
+// the replayed step is how far it moved the step's end — items in order of their ends, each
+// counted from the latest end before it (or the step's first start) — so that work overlapped by
+// a programmatic launch or a branch counts once, and the shares add up to the replayed step.
+struct ReplayView {
+  bool traced = false;
+  std::string why_not;  // when not traced
+  int replays = 0;
+  double step_us = 0;  // mean traced step: first start to last end
+  std::map<std::pair<std::string, std::string>, double> op_us;  // (op, layer kind) → µs per step
+  std::map<int, double> region_us;
+  struct Kernel {
+    std::string name;
+    int calls = 0;               // per step
+    double us = 0, busy_us = 0;  // share of the step; start to end, summed (a programmatic launch
+                                 // starts early and waits, so busy exceeds the share)
+  };
+  std::vector<Kernel> kernels;  // by share
+  double unattributed_us = 0;   // items no op call made
+};
+ReplayView replay_view(const std::vector<std::vector<CapturedWork::TracedItem>>& replays,
+                       const std::vector<ProfilingBackend::RecordedOp>& ops, const ModelConfig& c);
+void print_replay_kernels(const ReplayView& v, int top);
+nlohmann::json replay_view_json(const ReplayView& v);
+
 // Markdown: the op table (µs, %, MB, GB/s, % of copy, and TFLOP/s where `flops`), the layer table.
-void print_op_tables(const OpProfile& p, const ModelConfig& c, double copy_gbs, bool flops);
-nlohmann::json op_tables_json(const OpProfile& p, const ModelConfig& c);
+// With a traced replay, each row also has its µs in the replayed step.
+void print_op_tables(const OpProfile& p, const ModelConfig& c, double copy_gbs, bool flops, const ReplayView* replay = nullptr);
+nlohmann::json op_tables_json(const OpProfile& p, const ModelConfig& c, const ReplayView* replay = nullptr);
 
 }  // namespace dsv4::commands

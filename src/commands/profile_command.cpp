@@ -194,6 +194,7 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
   double replay_ms = 0;
   int64_t replay_items = 0;  // the recording's kernels and copies
   std::vector<CapturedWork::ItemKind> replay_kinds;
+  ReplayView replay;
   const bool replayed = ranks.model(0).can_record();
   if (replayed) {
     const std::vector<BatchItem> b = batch();
@@ -218,6 +219,15 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
       for (int i = 0; i < a.steps; ++i) be.replay(*graph);
       be.synchronize();
       if (rank == 0) replay_ms = ms_since(t0) / a.steps, replay_items = graph->items(), replay_kinds = graph->item_kinds();
+      // The same replays traced on the device, one GPU only: a split model's replays meet in
+      // collectives, which one rank tracing alone would leave waiting.
+      if (rank == 0 && ranks.world() == 1) {
+        std::string why_not;
+        replay = replay_view(be.trace_replays(*graph, a.steps, why_not), ranks.prof[0]->recorded_ops(), c);
+        replay.why_not = why_not;
+      } else if (rank == 0) {
+        replay.why_not = "traced on one GPU only";
+      }
       m.finish_step(plan, r, b);
     });
   }
@@ -259,7 +269,8 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
         kinds.push_back(nlohmann::json{{"name", k.name}, {"count", k.count}, {"early", k.early}});
       j["replayed_step_item_kinds"] = kinds;
     }
-    j["profile"] = op_tables_json(ops, c);
+    j["profile"] = op_tables_json(ops, c, &replay);
+    if (replayed) j["replay_trace"] = replay_view_json(replay);
     if (flash.valid)
       j["flash_projection"] = {{"swa_ms", flash.swa_ms}, {"csa_ms", flash.csa_ms}, {"hca_ms", flash.hca_ms},
                                {"embed_ms", flash.embed_ms}, {"head_ms", flash.head_ms}, {"op_sum_ms", flash.op_sum_ms()},
@@ -287,8 +298,16 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
   fmt::print("| (weights + cache) / {} step time | {:.0f} GB/s = {:.1f}% of the copy bandwidth ({:.0f} GB/s, read + write, this run) |\n",
              replayed ? "replayed" : "eager", step_gbs, 100 * step_gbs / copy_gbs, copy_gbs);
   fmt::print("| tokens/s at this batch | {:.1f} |\n", a.batch / (step_ms / 1e3));
-  fmt::print("| prefill of {} × {} tokens (chunks of 2048, eager) | {:.1f} ms |\n\n", a.batch, a.context, prefill_ms);
-  print_op_tables(ops, c, copy_gbs, false);
+  fmt::print("| prefill of {} × {} tokens (chunks of 2048, eager) | {:.1f} ms |\n", a.batch, a.context, prefill_ms);
+  if (replayed && replay.traced)
+    fmt::print("| traced replay (the replays above again, each item's start and end on the device; the op table's "
+               "replayed column) | {:.3f} ms |\n",
+               replay.step_us / 1e3);
+  else if (replayed)
+    fmt::print("| traced replay | not traced: {} |\n", replay.why_not);
+  fmt::print("\n");
+  print_op_tables(ops, c, copy_gbs, false, &replay);
+  if (replay.traced) print_replay_kernels(replay, 30);
   if (!replay_kinds.empty()) {
     int64_t early = 0;
     for (auto& k : replay_kinds) early += k.early;

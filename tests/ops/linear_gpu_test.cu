@@ -392,6 +392,42 @@ TEST(LinearFp8Block, RowsDoNotDependOnTheBatch) {
   }
 }
 
+// Up to 8 rows run the streaming form (weights through shared memory, linear_fp8_mma.cu) where the
+// GPU has it, more rows the register form: a row has the same bits in both, on DeepSeek-V4-Flash's
+// shapes and a ragged one (N not a multiple of 16, runs of 1 and 2 K blocks), rows poisoned first.
+TEST(LinearFp8Block, StreamingFormHasTheRegisterFormsBits) {
+  const int shapes[][2] = {{32768, 1024}, {4096, 8192}, {1024, 4096}, {4096, 2048}, {200, 384}};
+  const int64_t rows = 24;
+  std::uniform_int_distribution<int> code(0, 126), sbyte(118, 134);
+  Stream stream;
+  for (auto [N, K] : shapes) {
+    const std::vector<uint16_t> x = random_bf16(rows, K);
+    std::vector<uint8_t> w(size_t(N) * K), ws(size_t((N + 127) / 128) * (K / 128));
+    for (auto& b : w) b = uint8_t(code(rng()));
+    for (auto& b : ws) b = uint8_t(sbyte(rng()));
+    DeviceBuffer<uint16_t> d_x(x.size()), d_y(size_t(rows) * N);
+    DeviceBuffer<uint8_t> d_w(w.size()), d_ws(ws.size()), d_q(size_t(rows) * K);
+    DeviceBuffer<float> d_s(size_t(rows) * (K / 128));
+    d_x.upload(x, stream.get());
+    d_w.upload(w, stream.get());
+    d_ws.upload(ws, stream.get());
+    d_y.fill_bytes(0xff, stream.get());
+    linear_fp8_block(d_x.get(), rows, K, d_w.get(), d_ws.get(), N, d_q.get(), d_s.get(), d_y.get(), stream.get());
+    const std::vector<uint16_t> all = d_y.download(stream.get());
+    for (int64_t first : {0, 16})
+      for (int64_t count = 1; count <= 8; ++count) {
+        DeviceBuffer<uint16_t> d_part(size_t(count) * N);
+        d_part.fill_bytes(0xff, stream.get());
+        linear_fp8_block(d_x.get() + first * K, count, K, d_w.get(), d_ws.get(), N, d_q.get(), d_s.get(), d_part.get(),
+                         stream.get());
+        const std::vector<uint16_t> part = d_part.download(stream.get());
+        EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + first * N))
+            << "[" << N << " × " << K << "]: rows " << first << " … " << first + count - 1 << " alone differ from a batch of "
+            << rows;
+      }
+  }
+}
+
 // Several weights of one input in one launch (linear_fp8_block_quantised): each output has the bits
 // of linear_fp8_block with that weight alone, outputs poisoned first, at every tile count, with
 // narrow and wide weights (their K splits differ) and the f32 sums of linear_partial.

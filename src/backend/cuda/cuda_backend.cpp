@@ -2,14 +2,13 @@
 // caches and the compressor are in cuda_backend_attention.cpp, the MoE in cuda_backend_moe.cpp.
 #include "backend/cuda/cuda_backend.h"
 
-#include <cxxabi.h>
-
 #include <algorithm>
 #include <bit>
 #include <cstdlib>
 #include <memory>
 
 #include "backend/cuda/act_quant_fp8.h"
+#include "backend/cuda/cuda_graph.h"
 #include "backend/cuda/hyper_connection.h"
 #include "backend/cuda/indexer_topk.h"
 #include "backend/cuda/linear.h"
@@ -144,84 +143,6 @@ void CudaBackend::join_side() {
   side_pending_ = false;
 }
 
-namespace {
-// "dsv4::cuda::(anonymous namespace)::rope_kernel(…)" → "rope_kernel"; template arguments stay.
-std::string kernel_name(const void* func) {
-  const char* mangled = nullptr;
-  if (cudaFuncGetName(&mangled, func) != cudaSuccess || !mangled) return "kernel";
-  int status = 0;
-  std::unique_ptr<char, void (*)(void*)> plain(abi::__cxa_demangle(mangled, nullptr, nullptr, &status), std::free);
-  std::string name = status == 0 && plain ? plain.get() : mangled;
-  int depth = 0;
-  size_t cut = name.size(), scope = 0;
-  for (size_t i = 0; i < name.size() && cut == name.size(); ++i) {
-    const char ch = name[i];
-    if (ch == '<') ++depth;
-    else if (ch == '>') --depth;
-    else if (ch == '(' && depth == 0 && name.compare(i, 21, "(anonymous namespace)") != 0) cut = i;
-    else if (ch == ':' && depth == 0 && i + 1 < name.size() && name[i + 1] == ':') scope = i + 2;
-  }
-  return name.substr(scope, cut - scope);
-}
-
-const char* node_kind(cudaGraphNodeType type) {
-  switch (type) {
-    case cudaGraphNodeTypeMemcpy: return "copy";
-    case cudaGraphNodeTypeMemset: return "set";
-    case cudaGraphNodeTypeHost: return "host function";
-    case cudaGraphNodeTypeEventRecord: return "event record";
-    case cudaGraphNodeTypeWaitEvent: return "event wait";
-    case cudaGraphNodeTypeEmpty: return "empty";
-    default: return "other";
-  }
-}
-
-struct CudaGraph final : CapturedWork {
-  cudaGraph_t graph = nullptr;
-  cudaGraphExec_t exec = nullptr;
-  int64_t items() const override {
-    size_t n = 0;
-    return graph && cudaGraphGetNodes(graph, nullptr, &n) == cudaSuccess ? int64_t(n) : 0;
-  }
-  std::vector<ItemKind> item_kinds() const override {
-    size_t n = 0, edges = 0;
-    if (!graph || cudaGraphGetNodes(graph, nullptr, &n) != cudaSuccess ||
-        cudaGraphGetEdges(graph, nullptr, nullptr, nullptr, &edges) != cudaSuccess)
-      return {};
-    std::vector<cudaGraphNode_t> nodes(n), from(edges), to(edges);
-    std::vector<cudaGraphEdgeData> data(edges);
-    if (cudaGraphGetNodes(graph, nodes.data(), &n) != cudaSuccess ||
-        (edges && cudaGraphGetEdges(graph, from.data(), to.data(), data.data(), &edges) != cudaSuccess))
-      return {};
-    std::vector<cudaGraphNode_t> early;
-    for (size_t e = 0; e < edges; ++e)
-      if (data[e].type == cudaGraphDependencyTypeProgrammatic) early.push_back(to[e]);
-    std::sort(early.begin(), early.end());
-    std::vector<ItemKind> kinds;
-    for (cudaGraphNode_t node : nodes) {
-      cudaGraphNodeType type{};
-      std::string name = "other";
-      if (cudaGraphNodeGetType(node, &type) == cudaSuccess) {
-        cudaKernelNodeParams p{};
-        name = type != cudaGraphNodeTypeKernel ? node_kind(type)
-               : cudaGraphKernelNodeGetParams(node, &p) == cudaSuccess ? kernel_name(p.func)
-                                                                       : "kernel";
-      }
-      auto it = std::find_if(kinds.begin(), kinds.end(), [&](const ItemKind& k) { return k.name == name; });
-      if (it == kinds.end()) it = kinds.insert(kinds.end(), ItemKind{name});
-      ++it->count;
-      it->early += std::binary_search(early.begin(), early.end(), node);
-    }
-    (void)cudaGetLastError();  // a node the queries could not read is named "kernel" or "other"
-    std::stable_sort(kinds.begin(), kinds.end(), [](const ItemKind& a, const ItemKind& b) { return a.count > b.count; });
-    return kinds;
-  }
-  ~CudaGraph() override {
-    if (exec) cudaGraphExecDestroy(exec);
-    if (graph) cudaGraphDestroy(graph);
-  }
-};
-}  // namespace
 
 void CudaBackend::begin_capture() {
   // Thread-local mode: a driver allocation or a synchronising call from this thread while

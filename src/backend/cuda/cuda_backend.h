@@ -79,6 +79,10 @@ class CudaBackend final : public Backend {
   void begin_capture() override;
   std::unique_ptr<CapturedWork> end_capture() override;
   void replay(const CapturedWork& work) override;
+  int64_t recorded_items() const override;
+  // Through CUPTI's activity records (replay_trace.cpp).
+  std::vector<std::vector<CapturedWork::TracedItem>> trace_replays(const CapturedWork& work, int replays,
+                                                                   std::string& why_not) override;
   uint64_t recording_epoch() const override { return epoch_; }
   int mark() override;
   double elapsed_ms(int from, int to) override;

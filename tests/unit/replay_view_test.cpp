@@ -1,0 +1,47 @@
+// The profile's view of a traced replay (commands/op_profile.h replay_view): each item's share is
+// how far it moved the step's end, so overlapped work counts once, gaps go to the item that ends
+// after them, and the shares add up to the step; items are attributed to the op call that made them.
+#include <gtest/gtest.h>
+
+#include "commands/op_profile.h"
+
+namespace dsv4::commands {
+namespace {
+
+TEST(ReplayView, SharesMoveTheEndAndAddUpToTheStep) {
+  ModelConfig c;
+  c.n_layers = 2;
+  c.compress_ratios = {0, 4};
+  using Item = CapturedWork::TracedItem;
+  // Item 0 and 1 in a chain (1 launched early, waiting), item 2 on a branch, item 3 after a gap
+  // and made by no op call.
+  const std::vector<Item> replay = {{0, "k0", 100, 110}, {1, "k1", 102, 115}, {2, "k2", 103, 112}, {3, "k3", 120, 125}};
+  const std::vector<ProfilingBackend::RecordedOp> ops = {{"a", 0, 0, 1}, {"b", 0, 1, 2}, {"c", 1, 2, 3}};
+  const ReplayView v = replay_view({replay, replay}, ops, c);
+  ASSERT_TRUE(v.traced);
+  EXPECT_EQ(v.replays, 2);
+  EXPECT_DOUBLE_EQ(v.step_us, 25);
+  EXPECT_DOUBLE_EQ(v.op_us.at({"a", "SWA"}), 10);
+  EXPECT_DOUBLE_EQ(v.op_us.at({"c", "CSA"}), 2);
+  EXPECT_DOUBLE_EQ(v.op_us.at({"b", "SWA"}), 3);
+  EXPECT_DOUBLE_EQ(v.unattributed_us, 10);
+  EXPECT_DOUBLE_EQ(v.region_us.at(0), 13);
+  EXPECT_DOUBLE_EQ(v.region_us.at(1), 2);
+  double total = v.unattributed_us;
+  for (const auto& [key, us] : v.op_us) total += us;
+  EXPECT_DOUBLE_EQ(total, v.step_us);
+  ASSERT_EQ(v.kernels.size(), 4u);
+  EXPECT_EQ(v.kernels[0].name, "k0");  // 10 µs, then k3 (10: the gap), k1 (3), k2 (2)
+  EXPECT_EQ(v.kernels[3].name, "k2");
+  EXPECT_EQ(v.kernels[0].calls, 1);
+  EXPECT_DOUBLE_EQ(v.kernels[3].busy_us, 9);
+}
+
+TEST(ReplayView, NothingTracedIsNotAView) {
+  const ReplayView v = replay_view({}, {}, ModelConfig{});
+  EXPECT_FALSE(v.traced);
+  EXPECT_TRUE(v.op_us.empty());
+}
+
+}  // namespace
+}  // namespace dsv4::commands
