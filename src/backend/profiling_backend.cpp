@@ -182,12 +182,12 @@ Tensor ProfilingBackend::scale(const Tensor& x, float s) {
 }
 
 Tensor ProfilingBackend::linear(const Tensor& x, const LinearWeight& w) {
-  if (!on_) return inner_->linear(x, w);  // no label built on the unprofiled path
+  if (!on_ && !recording_) return inner_->linear(x, w);  // no label built on the unprofiled path
   return timed("linear " + weight_label(w.name), weights_and(linear_weight_bytes(w), bytes(x), 2 * rows(x) * w.out * w.in),
                [&] { return inner_->linear(x, w); });
 }
 std::vector<Tensor> ProfilingBackend::linears(const Tensor& x, const std::vector<const LinearWeight*>& ws) {
-  if (!on_) return inner_->linears(x, ws);
+  if (!on_ && !recording_) return inner_->linears(x, ws);
   std::string label = ws.size() == 1 ? "linear" : "linears";  // one weight: what linear would say
   double weights = 0, out = 0, flops = 0;
   for (size_t i = 0; i < ws.size(); ++i) {
@@ -199,13 +199,13 @@ std::vector<Tensor> ProfilingBackend::linears(const Tensor& x, const std::vector
   return timed(label, weights_and(weights, bytes(x) + out, flops), [&] { return inner_->linears(x, ws); });
 }
 Tensor ProfilingBackend::linear_bf16(const Tensor& x, const uint16_t* w, int out, int in) {
-  if (!on_) return inner_->linear_bf16(x, w, out, in);
+  if (!on_ && !recording_) return inner_->linear_bf16(x, w, out, in);
   return timed("linear_bf16 " + std::to_string(out) + "x" + std::to_string(in),
                weights_and(2.0 * out * in, bytes(x), 2 * rows(x) * out * in),
                [&] { return inner_->linear_bf16(x, w, out, in); });
 }
 Tensor ProfilingBackend::linear_f32(const Tensor& x, const uint16_t* w, int out, int in) {
-  if (!on_) return inner_->linear_f32(x, w, out, in);
+  if (!on_ && !recording_) return inner_->linear_f32(x, w, out, in);
   return timed("linear_f32 " + std::to_string(out) + "x" + std::to_string(in),
                weights_and(2.0 * out * in, bytes(x), 2 * rows(x) * out * in),
                [&] { return inner_->linear_f32(x, w, out, in); });
@@ -313,7 +313,7 @@ Routing ProfilingBackend::route(const Tensor& x, const MoeWeights& w, const Tens
 // chose, once (counted after the step from the ids).
 Tensor ProfilingBackend::timed_moe(const Tensor& x, const Routing& r, const MoeWeights& w,
                                    const std::function<Tensor()>& run) {
-  if (!on_) return run();
+  if (!on_ && !recording_) return run();
   const ExpertWeights& s = w.shared;
   const double shared = linear_weight_bytes(s.w1) + linear_weight_bytes(s.w2) + linear_weight_bytes(s.w3);
   double expert = 0, expert_flops = 0;
@@ -349,7 +349,7 @@ Tensor ProfilingBackend::moe_combine(const Tensor& partials, const Routing& r) {
 }
 
 Tensor ProfilingBackend::linear_partial(const Tensor& x, const LinearWeight& w) {
-  if (!on_) return inner_->linear_partial(x, w);
+  if (!on_ && !recording_) return inner_->linear_partial(x, w);
   return timed("linear " + weight_label(w.name), weights_and(linear_weight_bytes(w), bytes(x), 2 * rows(x) * w.out * w.in),
                [&] { return inner_->linear_partial(x, w); });
 }

@@ -392,10 +392,9 @@ TEST(LinearFp8Block, RowsDoNotDependOnTheBatch) {
   }
 }
 
-// Up to 8 rows run the streaming form (weights through shared memory, linear_fp8_mma.cu) where the
-// GPU has it, more rows the register form: a row has the same bits in both, on DeepSeek-V4-Flash's
-// shapes and a ragged one (N not a multiple of 16, runs of 1 and 2 K blocks), rows poisoned first.
-TEST(LinearFp8Block, StreamingFormHasTheRegisterFormsBits) {
+// The same on DeepSeek-V4-Flash's shapes and a ragged one (N not a multiple of 16, runs of 1 and 2 K
+// blocks): every decode row count (one 8-row tile) against a batch of three tiles, rows poisoned first.
+TEST(LinearFp8Block, FlashShapesRowsDoNotDependOnTheBatch) {
   const int shapes[][2] = {{32768, 1024}, {4096, 8192}, {1024, 4096}, {4096, 2048}, {200, 384}};
   const int64_t rows = 24;
   std::uniform_int_distribution<int> code(0, 126), sbyte(118, 134);

@@ -27,14 +27,6 @@
 // weights do not depend on earlier kernels, so each warp asks L2 for its weight lines before the
 // programmatic-launch wait (they stream while the previous kernel finishes).
 //
-// Streaming form, up to 8 rows on a GPU with the shared memory for it (sm_90): the same warps and the
-// same arithmetic — so the same bits — but each block is persistent over column groups and its warps
-// take their weights from shared memory, where the bulk copy engine lands them: each warp keeps two
-// stages (16 rows × 4 K blocks) of its own task sequence in flight, the first issued before the
-// programmatic-launch wait, and the block stages the activation rows once. Why: the register form's
-// warps each wait out a chain of dependent loads (one K block ahead), which a ring keeps off the
-// critical path. DSV4_LINEAR_FP8_STREAM=0 keeps the register form (A/B runs, the bit-for-bit test).
-//
 // Measured (docs/perf/2026-12-01-fp8-linear-plan-ahead.md): 45–53% of the copy bandwidth for wq_b and
 // wo_b at 1–16 rows (a fixed ~5 µs of the call is the quantisation launch and ramp), then limited by
 // latency at 4 tiles (one block per SM): cuBLASLt wins from 64 rows. Feeding the activations as f16
@@ -46,12 +38,9 @@
 #include <cuda_fp8.h>
 
 #include <climits>
-#include <cstdlib>
-#include <string>
 
 #include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/cuda_utils.h"
-#include "backend/cuda/device_limits.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/ptx_primitives.cuh"
 #include "backend/cuda/quant_math.cuh"
@@ -221,184 +210,6 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
   }
 }
 
-// ---- the streaming form (rows ≤ 8) ----
-
-constexpr int kStageKb = 4;                         // K blocks of 128 per stage
-constexpr int kDepth = 2;                           // stages in flight per warp
-constexpr int kStageRow = kStageKb * 128 + 16;      // a row's bytes in a stage, padded: conflict-free loads
-constexpr int kStageBytes = 16 * kStageRow;         // 16 weight rows
-constexpr int kMaxStreamRunKb = 32;                 // a task's weight scales sit in one register per lane
-constexpr int kStreamMaxK = 8192;                   // the activation rows staged in shared memory
-
-size_t stream_smem_bytes(int K) {
-  return size_t(kWarps) * kDepth * 8 + size_t(kWarps) * kDepth * kStageBytes + size_t(8) * (K + 16) +
-         size_t(8) * (K / 128) * sizeof(float);
-}
-
-// A warp's task in column group `group`: the part, its column tile and K run (as the register form).
-struct StreamTask {
-  const uint8_t* w;
-  const uint8_t* w_scale;
-  void* y;
-  int N, col0, kb_begin, kb_end, run, splits;
-};
-
-__device__ __forceinline__ StreamTask stream_task(const Parts& parts, int group, int warp, int K) {
-  int p = 0;
-#pragma unroll
-  for (int i = 1; i < kMaxFp8LinearOuts; ++i)
-    if (i < parts.count && group >= parts.group0[i]) p = i;
-  StreamTask t{parts.w[0], parts.w_scale[0], parts.y[0], parts.N[0], 0, 0, 0, 0, parts.splits[0]};
-  int local = group;
-#pragma unroll
-  for (int i = 1; i < kMaxFp8LinearOuts; ++i)
-    if (p == i) t.w = parts.w[i], t.w_scale = parts.w_scale[i], t.y = parts.y[i], t.N = parts.N[i], t.splits = parts.splits[i],
-                local = group - parts.group0[i];
-  const int tile = local * (kWarps / t.splits) + warp / t.splits, kbs = K / 128;
-  t.run = warp % t.splits;
-  t.col0 = tile * 16;
-  t.kb_begin = t.run * kbs / t.splits, t.kb_end = (t.run + 1) * kbs / t.splits;
-  return t;
-}
-
-// Stage `kb0` of a task into `slot` (16 rows of up to kStageKb K blocks; rows past N are not copied):
-// lane 0 announces the bytes, lanes 0–15 copy a row each.
-__device__ __forceinline__ void issue_stage(const StreamTask& t, int K, int kb0, uint32_t slot, uint32_t bar, int lane) {
-  const int kb1 = min(kb0 + kStageKb, t.kb_end);
-  const int rows_in = max(0, min(16, t.N - t.col0));
-  if (lane == 0) mbar_arrive_expect_tx(bar, uint32_t(rows_in * (kb1 - kb0) * 128));
-  __syncwarp();
-  if (lane < rows_in)
-    bulk_copy_g2s(slot + uint32_t(lane * kStageRow), t.w + int64_t(t.col0 + lane) * K + int64_t(kb0) * 128,
-                  uint32_t((kb1 - kb0) * 128), bar);
-}
-
-__global__ void __launch_bounds__(kWarps * 32, 1)
-    linear_fp8_stream_kernel(const uint8_t* __restrict__ act_q, const float* __restrict__ act_scale, int64_t rows, int K,
-                             const Parts parts, bool out_f32, int groups) {
-  extern __shared__ __align__(16) uint8_t smem[];
-  __shared__ float run_sum[kWarps][4][32];
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t4 = lane % 4, kbs = K / 128;
-  const uint32_t bars = smem_u32(smem) + uint32_t(warp * kDepth * 8);
-  const uint32_t ring = smem_u32(smem) + uint32_t(kWarps * kDepth * 8 + warp * kDepth * kStageBytes);
-  uint8_t* x_rows = smem + kWarps * kDepth * 8 + kWarps * kDepth * kStageBytes;  // [8][K + 16]
-  float* x_scales = reinterpret_cast<float*>(x_rows + 8 * (K + 16));           // [8][kbs]
-  if (lane == 0)
-    for (int d = 0; d < kDepth; ++d) mbar_init(bars + 8 * d, 1);
-  fence_mbar_init();
-  __syncwarp();
-
-  // The warp's stages in order: its task in each of the block's groups, kStageKb K blocks at a time.
-  // `issue` runs kDepth stages ahead of the consumer.
-  int issue_group = int(blockIdx.x), issue_kb = 0, issued = 0;
-  StreamTask issue_task = stream_task(parts, issue_group, warp, K);
-  issue_kb = issue_task.kb_begin;
-  const auto issue_next = [&] {
-    if (issue_group >= groups) return;
-    issue_stage(issue_task, K, issue_kb, ring + uint32_t((issued % kDepth) * kStageBytes), bars + 8 * (issued % kDepth), lane);
-    ++issued;
-    issue_kb += kStageKb;
-    if (issue_kb >= issue_task.kb_end) {
-      issue_group += int(gridDim.x);
-      if (issue_group < groups) issue_task = stream_task(parts, issue_group, warp, K), issue_kb = issue_task.kb_begin;
-    }
-  };
-  // Weights do not depend on earlier kernels: they stream while the previous kernel finishes.
-  for (int d = 0; d < kDepth; ++d) issue_next();
-  pdl_wait();
-  pdl_launch_dependents();
-
-  // The activation rows (codes and scales; rows past `rows` as zeros), once per block.
-  for (int i = int(threadIdx.x); i < 8 * (K / 16); i += kWarps * 32) {
-    const int r = i / (K / 16), c = i % (K / 16);
-    cp_async16(smem_u32(x_rows + r * (K + 16) + 16 * c), act_q + (r < rows ? int64_t(r) * K + 16 * c : 0), r < rows ? 16 : 0);
-  }
-  for (int i = int(threadIdx.x); i < 8 * kbs; i += kWarps * 32) {
-    const int r = i / kbs;
-    cp_async4(smem_u32(x_scales + i), act_scale + (r < rows ? i : 0), r < rows ? 4 : 0);
-  }
-  cp_async_commit();
-  cp_async_wait_all();
-  __syncthreads();
-
-  int consumed = 0;
-  for (int group = int(blockIdx.x); group < groups; group += int(gridDim.x)) {
-    const StreamTask t = stream_task(parts, group, warp, K);
-    const uint8_t* w_run_scale = t.w_scale + int64_t(min(t.col0, t.N - 1) / 128) * kbs;
-    // Lane i holds the scale of the task's K block kb_begin + i.
-    const float lane_sw = lane < t.kb_end - t.kb_begin ? e8m0_to_f32_dev(w_run_scale[t.kb_begin + lane]) : 0.f;
-    const bool lo_ok = t.col0 + g < t.N, hi_ok = t.col0 + g + 8 < t.N;
-    float total[4] = {};
-    for (int kb0 = t.kb_begin; kb0 < t.kb_end; kb0 += kStageKb) {
-      const int slot = consumed % kDepth;
-      mbar_wait(bars + 8 * slot, uint32_t(consumed / kDepth) & 1u);
-      const uint32_t lo_row = ring + uint32_t(slot * kStageBytes + g * kStageRow + 16 * t4);
-      const uint32_t hi_row = lo_row + uint32_t(8 * kStageRow);
-      const int kb1 = min(kb0 + kStageKb, t.kb_end);
-      for (int kb = kb0; kb < kb1; ++kb) {
-        const uint32_t off = uint32_t((kb - kb0) * 128);
-        uint4 lo[2], hi[2], x[2];
-#pragma unroll
-        for (int c = 0; c < 2; ++c) {
-          lo[c] = lo_ok ? ld_shared_v4(lo_row + off + 64 * c) : make_uint4(0, 0, 0, 0);
-          hi[c] = hi_ok ? ld_shared_v4(hi_row + off + 64 * c) : make_uint4(0, 0, 0, 0);
-          x[c] = ld_shared_v4(smem_u32(x_rows + g * (K + 16) + kb * 128 + 64 * c + 16 * t4));
-        }
-        const float sw = __shfl_sync(0xffffffffu, lane_sw, kb - t.kb_begin);
-        const float sa = x_scales[(2 * t4) * kbs + kb], sb = x_scales[(2 * t4 + 1) * kbs + kb];
-        float part[4] = {};
-#pragma unroll
-        for (int c = 0; c < 2; ++c)
-#pragma unroll
-          for (int s = 0; s < 4; ++s) {
-            uint32_t a[4];
-            weight_fragment(word(lo[c], s), word(hi[c], s), a);
-            const uint32_t b = word(x[c], s);
-            mma_f16(part, a, e4m3x2_to_f16x2(b), e4m3x2_to_f16x2(b >> 16));
-          }
-        const float scale_a = sa * sw, scale_b = sb * sw;
-        total[0] += part[0] * scale_a;
-        total[1] += part[1] * scale_b;
-        total[2] += part[2] * scale_a;
-        total[3] += part[3] * scale_b;
-      }
-      __syncwarp();  // every lane has read the slot: it may be refilled
-      ++consumed;
-      issue_next();
-    }
-
-    if (t.splits > 1) {
-#pragma unroll
-      for (int i = 0; i < 4; ++i) run_sum[warp][i][lane] = total[i];
-      __syncthreads();
-      if (t.run == 0) {
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          float sum = run_sum[warp][i][lane];
-          for (int s = 1; s < t.splits; ++s) sum += run_sum[warp + s][i][lane];
-          total[i] = sum;
-        }
-      }
-      __syncthreads();  // run_sum is free for the next group
-      if (t.run != 0) continue;
-    }
-    uint16_t* __restrict__ y = out_f32 ? nullptr : static_cast<uint16_t*>(t.y);
-    float* __restrict__ y_f32 = out_f32 ? static_cast<float*>(t.y) : nullptr;
-#pragma unroll
-    for (int i = 0; i < 2; ++i) {
-      const int64_t r = 2 * t4 + i;
-      if (r >= rows) continue;
-      if (y_f32) {
-        if (lo_ok) y_f32[r * t.N + t.col0 + g] = total[i];
-        if (hi_ok) y_f32[r * t.N + t.col0 + g + 8] = total[2 + i];
-      } else {
-        if (lo_ok) y[r * t.N + t.col0 + g] = bf16_bits(total[i]);
-        if (hi_ok) y[r * t.N + t.col0 + g + 8] = bf16_bits(total[2 + i]);
-      }
-    }
-  }
-}
-
 // Runs of K blocks per column tile (a power of two ≤ 8), from N and K only: enough warps in flight
 // for a narrow linear, at least one K block per run.
 int k_runs(int N, int K) {
@@ -409,21 +220,6 @@ int k_runs(int N, int K) {
 }
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
-
-// The streaming form where it fits: the bulk copy engine (sm_90 and later), the shared memory for
-// the ring and the activation rows, and every part's K run within one lane's scale each.
-bool linear_fp8_streams(int K, const Parts& parts, const DeviceLimits& limits) {
-  static const bool on = [] {
-    const char* v = std::getenv("DSV4_LINEAR_FP8_STREAM");
-    return !(v && std::string(v) == "0");
-  }();
-  const size_t run_sums = sizeof(float) * kWarps * 4 * 32;  // the kernel's static shared memory
-  if (!on || limits.cc_major < 9 || K > kStreamMaxK || stream_smem_bytes(K) + run_sums > limits.smem_per_block_optin)
-    return false;
-  for (int i = 0; i < parts.count; ++i)
-    if ((K / 128 + parts.splits[i] - 1) / parts.splits[i] > kMaxStreamRunKb) return false;
-  return true;
-}
 
 template <int kTiles>
 void launch(const uint8_t* act_q, const float* act_scale, int64_t rows, int K, const Parts& parts, int groups,
@@ -468,15 +264,6 @@ void linear_fp8_block_quantised(const uint8_t* act_q, const float* act_scale, in
     groups += (tiles + per_block - 1) / per_block;
   }
   if (groups > 65535) fail("linear_fp8_block: {} column groups is too many (N up to ~1M columns)", groups);
-  if (rows <= 8 && linear_fp8_streams(K, parts, current_device_limits())) {
-    const int bytes = int(stream_smem_bytes(K));
-    allow_dynamic_smem(linear_fp8_stream_kernel, bytes);
-    const int blocks = int(std::min<int64_t>(groups, current_device_limits().sms));
-    launch_programmatic(linear_fp8_stream_kernel, dim3(unsigned(blocks)), dim3(kWarps * 32), size_t(bytes), stream, act_q,
-                        act_scale, rows, K, parts, y_f32, int(groups));
-    DSV4_CUDA_CHECK_LAUNCH();
-    return;
-  }
   // Tiles per block row: only as many as the rows fill (a row's arithmetic is the same in each).
   const int64_t tiles = std::min<int64_t>((rows + 7) / 8, kMaxTiles);
   if (tiles == 1) launch<1>(act_q, act_scale, rows, K, parts, int(groups), y_f32, stream);
