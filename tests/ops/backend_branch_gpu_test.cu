@@ -65,5 +65,60 @@ TEST(BackendBranch, BesideTheStreamAsInLine) {
   be.synchronize();
 }
 
+// hc_pre's post and comb on their own stream at decode sizes (CudaBackend::comb_branch), joined by the
+// ops that read them: a block's chain of hyper-connection ops gives the bits of DSV4_HC_BRANCH=0,
+// eager and recorded (outputs poisoned before each replay).
+std::vector<float> random_f32(size_t n, float scale) {
+  std::uniform_real_distribution<float> d(-scale, scale);
+  std::vector<float> v(n);
+  for (auto& e : v) e = d(rng());
+  return v;
+}
+
+TEST(BackendBranch, HyperConnectionCombBesideTheStream) {
+  const int hc = 4, D = 512, iters = 20;
+  const int64_t T = 3;
+  std::vector<uint16_t> X(size_t(T * hc * D)), y(size_t(T * D));
+  std::uniform_int_distribution<int> v(0x3c00, 0x3f80);
+  for (auto& e : X) e = uint16_t(v(rng())) | (v(rng()) & 1 ? 0x8000 : 0);
+  for (auto& e : y) e = uint16_t(v(rng())) | (v(rng()) & 1 ? 0x8000 : 0);
+  const std::vector<float> fn = random_f32(size_t(24) * hc * D, 0.02f), base = random_f32(24, 0.5f),
+                           scale = {0.7f, 0.9f, 1.1f};
+  // Attention's and the FFN's places taken by scale ops; what the chain leaves: the new state.
+  const auto chain = [&](CudaBackend& be, const Tensor& Xt, const Tensor& yt, const HyperConnection& w) {
+    Tensor post, comb, Xa;
+    Tensor x = be.hc_pre(Xt, w, hc, iters, 1e-6f, 1e-6f, &post, &comb, nullptr);
+    Tensor a = be.add(be.scale(x, 0.5f), yt);
+    x = be.hc_post_pre(a, Xt, &Xa, w, hc, iters, 1e-6f, 1e-6f, &post, &comb, nullptr);
+    return be.hc_post(be.scale(x, 2.0f), Xa, post, comb);
+  };
+  std::vector<uint16_t> in_line;
+  for (const char* mode : {"0", "1"}) {
+    setenv("DSV4_HC_BRANCH", mode, 1);
+    CudaBackend be;
+    unsetenv("DSV4_HC_BRANCH");
+    const Tensor Xt = be.from_host(DType::BF16, {T, hc, D}, X.data()), yt = be.from_host(DType::BF16, {T, D}, y.data());
+    const Tensor fn_t = be.from_host(DType::F32, {int64_t(fn.size())}, fn.data());
+    const Tensor base_t = be.from_host(DType::F32, {24}, base.data()), scale_t = be.from_host(DType::F32, {3}, scale.data());
+    const HyperConnection w{fn_t.ptr<float>(), base_t.ptr<float>(), scale_t.ptr<float>()};
+    const std::vector<uint16_t> eager = to_host(be, chain(be, Xt, yt, w));
+    if (in_line.empty()) {
+      in_line = eager;
+      continue;
+    }
+    EXPECT_EQ(eager, in_line) << "eager";
+    be.begin_capture();
+    Tensor out = chain(be, Xt, yt, w);
+    auto recording = be.end_capture();
+    for (int r = 0; r < 3; ++r) {
+      const std::vector<uint16_t> poison(in_line.size(), 0x7fc1);
+      be.upload(out, poison.data());
+      be.replay(*recording);
+      EXPECT_EQ(to_host(be, out), in_line) << "replay " << r;
+    }
+    be.synchronize();
+  }
+}
+
 }  // namespace
 }  // namespace dsv4::cuda
