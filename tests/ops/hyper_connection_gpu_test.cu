@@ -411,59 +411,6 @@ TEST(HyperConnectionPostPre, SameBitsAsPostThenPre) {
   }
 }
 
-// post and comb on a stream of their own (CombBranch: the finishing kernel's Sinkhorn blocks launched
-// apart, after the partial sums): the same bits as one launch, for hc_pre and hc_post_pre, outputs
-// poisoned first.
-TEST(HyperConnectionPre, CombOnItsOwnStreamHasTheSameBits) {
-  const int hc = 4, D = 4096;
-  for (int64_t T : {1, 9}) {
-    const std::vector<uint16_t> X = random_streams(T, hc, D), norm = random_norm(D);
-    std::vector<uint16_t> y(size_t(T * D));
-    std::normal_distribution<float> nd(0.f, 1.f);
-    for (auto& v : y) v = dsv4::f32_to_bf16(nd(rng()));
-    const HcWeights w = random_weights(24, hc * D, 3);
-    Stream stream, side;
-    Event fork(false);
-    DeviceMixInputs in(X, w, &norm, D, stream.get());
-    DeviceBuffer<uint16_t> d_y(y.size());
-    d_y.upload(y, stream.get());
-    struct Outputs {
-      std::vector<uint16_t> out, state;
-      std::vector<float> post, comb;
-    };
-    const auto run = [&](bool branch, bool post_pre) {
-      DeviceBuffer<uint16_t> d_out(size_t(T * D)), d_state(X.size());
-      DeviceBuffer<float> d_post(size_t(T * hc)), d_comb(size_t(T * hc * hc)),
-          d_partials(size_t(hc_mix_scratch_floats(T, hc, D, false)));
-      for (auto* b : {&d_out, &d_state}) b->fill_bytes(0xff, stream.get());
-      for (auto* b : {&d_post, &d_comb, &d_partials}) b->fill_bytes(0xff, stream.get());
-      stream.sync();
-      const CombBranch cb = branch ? CombBranch{side.get(), fork.get()} : CombBranch{};
-      // hc_post_pre's previous post and comb: any finite values (the first weights of fn).
-      if (post_pre)
-        hc_post_pre(d_y.get(), in.X.get(), in.fn.get(), in.fn.get() + 64, T, hc, D, d_state.get(), in.fn.get(),
-                    in.base.get(), in.scale.get(), 20, kNormEps, kHcEps, d_partials.get(), in.norm.get(), d_out.get(),
-                    d_post.get(), d_comb.get(), stream.get(), cb);
-      else
-        hc_pre(in.X.get(), T, hc, D, in.fn.get(), in.base.get(), in.scale.get(), 20, kNormEps, kHcEps, d_partials.get(),
-               in.norm.get(), d_out.get(), d_post.get(), d_comb.get(), stream.get(), cb);
-      DSV4_CUDA_CHECK_LAUNCH();
-      side.sync();
-      return Outputs{d_out.download(stream.get()), post_pre ? d_state.download(stream.get()) : std::vector<uint16_t>{},
-                     d_post.download(stream.get()), d_comb.download(stream.get())};
-    };
-    for (bool post_pre : {false, true}) {
-      const Outputs a = run(false, post_pre), b = run(true, post_pre);
-      const std::string what = std::string(post_pre ? "hc_post_pre" : "hc_pre") + " T " + std::to_string(T);
-      EXPECT_EQ(a.out, b.out) << what << ": x_in";
-      EXPECT_EQ(a.state, b.state) << what << ": the state";
-      EXPECT_EQ(0, std::memcmp(a.post.data(), b.post.data(), a.post.size() * 4)) << what << ": post";
-      EXPECT_EQ(0, std::memcmp(a.comb.data(), b.comb.data(), a.comb.size() * 4)) << what << ": comb";
-      EXPECT_EQ(count_nan(b.comb) + count_nan(b.post), 0u) << what;
-    }
-  }
-}
-
 TEST(HyperConnectionSanitizer, Small) {
   check_hc_pre(3, 4, 128, 20);
   check_hc_pre(2, 4, 64, 3);

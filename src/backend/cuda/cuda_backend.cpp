@@ -103,11 +103,6 @@ CudaBackend::CudaBackend(int device) : device_(device), memory_(std::make_shared
     if (v != "0" && v != "1") fail("DSV4_BRANCHES={}: expected 1 (branches beside the stream) or 0 (in line)", v);
     branches_ = v == "1";
   }
-  if (const char* p = std::getenv("DSV4_HC_BRANCH")) {
-    const std::string v = p;
-    if (v != "0" && v != "1") fail("DSV4_HC_BRANCH={}: expected 1 (post and comb beside the stream) or 0 (in line)", v);
-    comb_branches_ = v == "1";
-  }
   // Created here, never inside a recording: the handle and its workspace are allocations.
   if (linear_mode_ != LinearPathMode::Kernel) gemm_ = std::make_unique<LinearGemm>();
 }
@@ -116,7 +111,6 @@ CudaBackend::~CudaBackend() {
   // The members go with this device current (the caller may be another rank's thread).
   cudaSetDevice(device_.index);
   cudaStreamSynchronize(side_.get());
-  cudaStreamSynchronize(comb_side_.get());
   cudaStreamSynchronize(stream_.get());
 }
 
@@ -130,24 +124,7 @@ std::string CudaBackend::name() const {
 
 void CudaBackend::synchronize() {
   join_side();
-  join_comb();
   stream_.sync();
-}
-
-cuda::CombBranch CudaBackend::comb_branch(int64_t rows, Tensor& partials) {
-  // Decode sizes: a prefill chunk's Sinkhorn warps are a small part of its finishing blocks.
-  if (!comb_branches_ || !branches_ || rows > cuda::kHcPostPreMaxRows) return {};
-  comb_keep_.push_back(std::move(partials));
-  comb_pending_ = true;
-  return {comb_side_.get(), comb_fork_event_.get()};
-}
-
-void CudaBackend::join_comb() {
-  if (!comb_pending_) return;
-  comb_join_event_.record(comb_side_.get());
-  DSV4_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), comb_join_event_.get()));
-  comb_pending_ = false;
-  comb_keep_.clear();  // reused by work after the join only
 }
 
 void CudaBackend::fork_side() {
@@ -177,7 +154,6 @@ void CudaBackend::begin_capture() {
 std::unique_ptr<CapturedWork> CudaBackend::end_capture() {
   memory_->set_recording(false);
   join_side();  // a recording ends on the stream it began on, every branch joined
-  join_comb();
   auto g = std::make_unique<CudaGraph>();
   const cudaError_t err = cudaStreamEndCapture(stream(), &g->graph);
   if (err != cudaSuccess) {
@@ -196,7 +172,6 @@ void CudaBackend::replay(const CapturedWork& work) {
 }
 
 int CudaBackend::mark() {
-  join_comb();  // a profiled op's time includes its branch
   if (size_t(marks_used_) == marks_.size()) marks_.push_back(std::make_unique<Event>());
   marks_[size_t(marks_used_)]->record(stream());
   return marks_used_++;
@@ -262,7 +237,6 @@ Tensor CudaBackend::generate(const RandomFill& fill, DType dtype, std::vector<in
 
 void CudaBackend::to_host(const Tensor& t, void* dst) {
   if (!t.nbytes()) return;
-  join_comb();
   const cudaError_t err = cudaMemcpyAsync(dst, t.data, t.nbytes(), cudaMemcpyDeviceToHost, stream());
   if (err != cudaSuccess) {
     cudaPointerAttributes at{};
@@ -557,10 +531,9 @@ Tensor CudaBackend::hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mu
   if (!T) return out;
   const bool fused = norm && cuda::hc_norm_fits(int(D), X.ptr<uint16_t>(), out.ptr<uint16_t>(), norm);
   Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), false)});
-  float* scratch = partials.ptr<float>();  // (a branch takes partials until its join)
-  const cuda::CombBranch branch = comb_branch(T, partials);
-  cuda::hc_pre(X.ptr<uint16_t>(), T, hc_mult, int(D), hc.fn, hc.base, hc.scale, iters, norm_eps, hc_eps, scratch,
-               fused ? norm : nullptr, out.ptr<uint16_t>(), post->ptr<float>(), comb->ptr<float>(), stream(), branch);
+  cuda::hc_pre(X.ptr<uint16_t>(), T, hc_mult, int(D), hc.fn, hc.base, hc.scale, iters, norm_eps, hc_eps,
+               partials.ptr<float>(), fused ? norm : nullptr, out.ptr<uint16_t>(), post->ptr<float>(),
+               comb->ptr<float>(), stream());
   return norm && !fused ? rms_norm(out, norm, norm_eps) : out;
 }
 
@@ -568,7 +541,6 @@ Tensor CudaBackend::hc_post(const Tensor& y, const Tensor& X, const Tensor& post
   const int64_t T = y.rows(), D = y.numel() / std::max<int64_t>(T, 1);
   const int n = int(post.numel() / std::max<int64_t>(T, 1));
   Tensor out = alloc(DType::BF16, X.shape);
-  join_comb();
   if (T)
     cuda::hc_post(y.ptr<uint16_t>(), X.ptr<uint16_t>(), post.ptr<float>(), comb.ptr<float>(), T, n, int(D),
                   out.ptr<uint16_t>(), stream());
@@ -588,13 +560,9 @@ Tensor CudaBackend::hc_post_pre(const Tensor& y, const Tensor& X, Tensor* Xa, co
   Tensor new_post = alloc(DType::F32, {T, hc_mult}), new_comb = alloc(DType::F32, {T, hc_mult, hc_mult});
   const bool fused = norm && cuda::hc_norm_fits(int(D), Xa->ptr<uint16_t>(), out.ptr<uint16_t>(), norm);
   Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), false)});
-  float* scratch = partials.ptr<float>();
-  join_comb();  // the previous post and comb
-  const cuda::CombBranch branch = comb_branch(T, partials);
   cuda::hc_post_pre(y.ptr<uint16_t>(), X.ptr<uint16_t>(), post->ptr<float>(), comb->ptr<float>(), T, hc_mult, int(D),
-                    Xa->ptr<uint16_t>(), hc.fn, hc.base, hc.scale, iters, norm_eps, hc_eps, scratch,
-                    fused ? norm : nullptr, out.ptr<uint16_t>(), new_post.ptr<float>(), new_comb.ptr<float>(), stream(),
-                    branch);
+                    Xa->ptr<uint16_t>(), hc.fn, hc.base, hc.scale, iters, norm_eps, hc_eps, partials.ptr<float>(),
+                    fused ? norm : nullptr, out.ptr<uint16_t>(), new_post.ptr<float>(), new_comb.ptr<float>(), stream());
   *post = std::move(new_post);
   *comb = std::move(new_comb);
   return norm && !fused ? rms_norm(out, norm, norm_eps) : out;

@@ -23,7 +23,6 @@
 #include "backend/backend.h"
 #include "backend/cpu/moe_fp4_reference.h"
 #include "backend/cuda/cuda_utils.h"
-#include "backend/cuda/hyper_connection.h"
 #include "backend/cuda/linear_gemm.h"
 
 namespace dsv4::cuda {
@@ -192,14 +191,6 @@ class CudaBackend final : public Backend {
   void fork_side();
   void unfork_side() { active_ = stream_.get(); }
   void join_side();
-  // hc_pre's post and comb (the sigmoids and the Sinkhorn: a warp's serial chain per token) on a
-  // stream of their own at decode sizes (hyper_connection.h CombBranch): x_in and the attention or
-  // FFN after it do not read them, the next hc_post does. comb_branch() hands out the branch and
-  // keeps `partials` (the kernel reads them) until join_comb(), which the ops that read post or comb
-  // (hc_post, hc_post_pre), to_host, mark, synchronize and end_capture call first.
-  // DSV4_HC_BRANCH=0 (or DSV4_BRANCHES=0) keeps them in line.
-  cuda::CombBranch comb_branch(int64_t rows, Tensor& partials);
-  void join_comb();
   // The bf16-weight linears (linear_bf16w's arguments): cuBLASLt where the path mode and the rows
   // choose it and it can run the shape with bf16 x, else the CUDA-core kernel.
   void dense_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,
@@ -218,10 +209,6 @@ class CudaBackend final : public Backend {
   cudaStream_t active_ = stream_.get();
   Event fork_event_{false}, join_event_{false};
   bool side_pending_ = false;
-  Stream comb_side_;
-  Event comb_fork_event_{false}, comb_join_event_{false};
-  bool comb_pending_ = false, comb_branches_ = true;
-  std::vector<Tensor> comb_keep_;
   int64_t shared_branch_rows_ = 8;
   bool branches_ = true;  // DSV4_BRANCHES=0: Backend::branch_begin runs the branch in line
   std::shared_ptr<DeviceMemoryPool> memory_;

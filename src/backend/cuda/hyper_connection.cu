@@ -293,15 +293,13 @@ __device__ __forceinline__ void x_in_normed(const uint16_t* xt, const float* pre
 // NMix = (2+HC)·HC for hc_pre (pre, post, comb), HC for hc_head (pre only). Blocks [0, T·blocks_per_token):
 // x_in, blocks_per_token per token, from the pre sums and the sum of squares only (kNorm: one block
 // per token, which also applies the norm). For hc_pre the blocks after them: a warp per token for post
-// and the Sinkhorn (the step's one serial stretch, side by side with the x_in blocks). A launch runs
-// the blocks from first_block on: the Sinkhorn's may go to a stream of their own (CombBranch).
+// and the Sinkhorn (the step's one serial stretch, side by side with the x_in blocks).
 template <int HC, int NMix, bool kNorm>
 __global__ void __launch_bounds__(kThreads)
     hc_mix_finish_kernel(const uint16_t* __restrict__ X, int64_t T, int D, const float* __restrict__ partials,
                          int slices, const float* __restrict__ base, const float* __restrict__ scale, int iters,
                          float norm_eps, float hc_eps, int blocks_per_token, const uint16_t* __restrict__ norm,
-                         uint16_t* __restrict__ out, float* __restrict__ post, float* __restrict__ comb,
-                         int64_t first_block) {
+                         uint16_t* __restrict__ out, float* __restrict__ post, float* __restrict__ comb) {
   constexpr int NV = NMix + 1;
   __shared__ float sums[HC + 1];
   __shared__ float mix[kWarps][NMix];  // m_j = (v · fn_j) · rs
@@ -310,10 +308,10 @@ __global__ void __launch_bounds__(kThreads)
   pdl_launch_dependents();
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int width = HC * D;
-  const int64_t x_blocks = T * blocks_per_token, block = first_block + blockIdx.x;
-  if (block >= x_blocks) {
+  const int64_t x_blocks = T * blocks_per_token;
+  if (blockIdx.x >= x_blocks) {
     if constexpr (NMix > HC) {
-      const int64_t t = (block - x_blocks) * kWarps + warp;
+      const int64_t t = (blockIdx.x - x_blocks) * kWarps + warp;
       if (t >= T) return;
       // All NV sums at once: each lane's in slice_sum's order, then the lanes in the same tree (the
       // transposing sum pairs lanes l ^ 16, l ^ 8, … as warp_sum does), ending with sum j in lane j.
@@ -333,8 +331,8 @@ __global__ void __launch_bounds__(kThreads)
     }
     return;
   }
-  const int64_t t = block / blocks_per_token;
-  const int part = int(block % blocks_per_token);
+  const int64_t t = blockIdx.x / blocks_per_token;
+  const int part = blockIdx.x % blocks_per_token;
   if (warp <= HC) {  // warps 0 … HC−1: the pre sums; warp HC: the sum of squares
     const float sum = slice_sum<NV>(partials + t * slices * NV, slices, warp < HC ? warp : NMix, lane);
     if (lane == 0) sums[warp] = sum;
@@ -417,8 +415,7 @@ void check_mix_operands(const char* op, int64_t T, int hc, int D, const uint16_t
 template <int HC, int NMix>
 void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const float* base, const float* scale,
                    int iters, float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
-                   float* post, float* comb, cudaStream_t stream, const PostSource& source = {},
-                   const CombBranch& branch = {}) {
+                   float* post, float* comb, cudaStream_t stream, const PostSource& source = {}) {
   if (norm && !hc_norm_fits(D, X, out, norm)) fail("hc mixes: a norm over D {} does not fit the finishing block", D);
   const int slices = hc_slices(HC, D), blocks_per_token = hc_blocks_per_token(T, D, norm);
   const int groups_per_block = hc_groups_per_block(T);
@@ -426,20 +423,11 @@ void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const f
   auto partials_kernel = source.y ? hc_mix_partials_kernel<NMix, true> : hc_mix_partials_kernel<NMix, false>;
   launch_programmatic(partials_kernel, dim3(unsigned(slices), unsigned((T + per_block - 1) / per_block)), dim3(kThreads),
                       0, stream, X, T, HC * D, fn, slices, groups_per_block, partials, source);
-  const int64_t x_blocks = T * blocks_per_token, comb_blocks = NMix > HC ? (T + kWarps - 1) / kWarps : 0;
+  const int64_t blocks = T * blocks_per_token + (NMix > HC ? (T + kWarps - 1) / kWarps : 0);
   auto finish = norm ? hc_mix_finish_kernel<HC, NMix, true> : hc_mix_finish_kernel<HC, NMix, false>;
-  const auto launch_finish = [&](int64_t first, int64_t count, cudaStream_t s) {
-    launch_programmatic(finish, dim3(unsigned(count)), dim3(kThreads), 0, s, X, T, D, static_cast<const float*>(partials),
-                        slices, base, scale, iters, norm_eps, hc_eps, blocks_per_token, norm, out, post, comb, first);
-  };
-  if (branch.stream && comb_blocks) {
-    DSV4_CUDA_CHECK(cudaEventRecord(branch.fork, stream));  // after the partials
-    DSV4_CUDA_CHECK(cudaStreamWaitEvent(branch.stream, branch.fork));
-    launch_finish(x_blocks, comb_blocks, branch.stream);
-    launch_finish(0, x_blocks, stream);
-  } else {
-    launch_finish(0, x_blocks + comb_blocks, stream);
-  }
+  launch_programmatic(finish, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, X, T, D,
+                      static_cast<const float*>(partials), slices, base, scale, iters, norm_eps, hc_eps,
+                      blocks_per_token, norm, out, post, comb);
 }
 
 template <int HC>
@@ -465,18 +453,17 @@ int64_t hc_mix_scratch_floats(int64_t T, int hc, int D, bool head) {
 
 void hc_pre(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
             int iters, float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
-            float* post, float* comb, cudaStream_t stream, const CombBranch& branch) {
+            float* post, float* comb, cudaStream_t stream) {
   check_shape("hc_pre", T, hc, D);
   check_mix_operands("hc_pre", T, hc, D, X, fn, partials);
   if (T == 0) return;
-  launch_hc_mix<4, 24>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, partials, norm, out, post, comb, stream, {},
-                       branch);
+  launch_hc_mix<4, 24>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, partials, norm, out, post, comb, stream);
 }
 
 void hc_post_pre(const uint16_t* y, const uint16_t* X_prev, const float* post_prev, const float* comb_prev, int64_t T,
                  int hc, int D, uint16_t* X, const float* fn, const float* base, const float* scale, int iters,
                  float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out, float* post,
-                 float* comb, cudaStream_t stream, const CombBranch& branch) {
+                 float* comb, cudaStream_t stream) {
   check_shape("hc_post_pre", T, hc, D);
   check_mix_operands("hc_post_pre", T, hc, D, X, fn, partials);
   if (T > kHcPostPreMaxRows) fail("hc_post_pre: {} rows (at most {}; run hc_post, then hc_pre)", T, kHcPostPreMaxRows);
@@ -484,7 +471,7 @@ void hc_post_pre(const uint16_t* y, const uint16_t* X_prev, const float* post_pr
     fail("hc_post_pre: y and the previous state 8-byte aligned, the new state apart from the previous one");
   if (T == 0) return;
   launch_hc_mix<4, 24>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, partials, norm, out, post, comb, stream,
-                       PostSource{y, X_prev, post_prev, comb_prev, X, D}, branch);
+                       PostSource{y, X_prev, post_prev, comb_prev, X, D});
 }
 
 void hc_post(const uint16_t* y, const uint16_t* X, const float* post, const float* comb, int64_t T, int hc, int D,

@@ -21,22 +21,13 @@ int64_t hc_mix_scratch_floats(int64_t T, int hc, int D, bool head);
 // 8192, X, out and norm 16-byte aligned (the finishing block reads X 8 channels at a time).
 bool hc_norm_fits(int D, const uint16_t* X, const uint16_t* out, const uint16_t* norm);
 
-// Where hc_pre / hc_post_pre put post and comb (a warp per token: the sigmoids and the Sinkhorn, the
-// decode step's one serial stretch): with `stream`, on it, after it waits for `fork` recorded behind
-// the partial sums — beside x_in and what follows it, which do not read them. The caller joins
-// `stream` before anything reads post or comb. Same blocks, same bits.
-struct CombBranch {
-  cudaStream_t stream = nullptr;
-  cudaEvent_t fork = nullptr;
-};
-
 // CpuBackend::hc_pre. X bf16 [T, hc, D]; fn f32 [(2+hc)·hc, hc·D]; base f32 [(2+hc)·hc]; scale f32 [3].
 // partials: hc_mix_scratch_floats(T, hc, D, false) floats. out bf16 [T, D]; post f32 [T, hc]; comb f32
 // [T, hc, hc]. With norm (bf16 [D], hc_norm_fits): out = rms_norm(x, norm, norm_eps) of the result x,
 // the bits of row_ops.h rms_norm run after it.
 void hc_pre(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
             int iters, float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
-            float* post, float* comb, cudaStream_t stream, const CombBranch& branch = {});
+            float* post, float* comb, cudaStream_t stream);
 
 // CpuBackend::hc_post: out[t,b,:] = bf16(post[t,b]·y[t,:] + Σ_a comb[t,a,b]·X[t,a,:]); y bf16 [T, D],
 // X and out bf16 [T, hc, D] (out must not alias X).
@@ -52,7 +43,7 @@ inline constexpr int64_t kHcPostPreMaxRows = 64;
 void hc_post_pre(const uint16_t* y, const uint16_t* X_prev, const float* post_prev, const float* comb_prev, int64_t T,
                  int hc, int D, uint16_t* X, const float* fn, const float* base, const float* scale, int iters,
                  float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out, float* post,
-                 float* comb, cudaStream_t stream, const CombBranch& branch = {});
+                 float* comb, cudaStream_t stream);
 
 // CpuBackend::hc_head: fn f32 [hc, hc·D], base f32 [hc], scale f32 [1]; partials:
 // hc_mix_scratch_floats(T, hc, D, true) floats; out bf16 [T, D]; norm as hc_pre's.
