@@ -3,7 +3,10 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <fstream>
 #include <iterator>
+
+#include "core/error.h"
 
 namespace dsv4::commands {
 
@@ -52,21 +55,34 @@ FlashProjection project_flash(const OpProfile& p, const ModelConfig& c) {
   return f;
 }
 
+namespace {
+// The op call that made each item (null for none): op calls cover disjoint item ranges.
+class OpOfItem {
+ public:
+  explicit OpOfItem(const std::vector<ProfilingBackend::RecordedOp>& ops) : ops_(ops) {
+    for (size_t i = 0; i < ops.size(); ++i)
+      if (ops[i].to > ops[i].from) first_[ops[i].from] = i;
+  }
+  const ProfilingBackend::RecordedOp* operator()(int64_t item) const {
+    auto it = first_.upper_bound(item);
+    if (it == first_.begin()) return nullptr;
+    const auto& op = ops_[std::prev(it)->second];
+    return item < op.to ? &op : nullptr;
+  }
+
+ private:
+  const std::vector<ProfilingBackend::RecordedOp>& ops_;
+  std::map<int64_t, size_t> first_;
+};
+}  // namespace
+
 ReplayView replay_view(const std::vector<std::vector<CapturedWork::TracedItem>>& replays,
                        const std::vector<ProfilingBackend::RecordedOp>& ops, const ModelConfig& c) {
   ReplayView v;
   if (replays.empty()) return v;
   v.traced = true;
   v.replays = int(replays.size());
-  std::map<int64_t, size_t> op_at;  // an op call's first item → the call
-  for (size_t i = 0; i < ops.size(); ++i)
-    if (ops[i].to > ops[i].from) op_at[ops[i].from] = i;
-  auto op_of = [&](int64_t item) -> const ProfilingBackend::RecordedOp* {
-    auto it = op_at.upper_bound(item);
-    if (it == op_at.begin()) return nullptr;
-    const auto& op = ops[std::prev(it)->second];
-    return item < op.to ? &op : nullptr;
-  };
+  const OpOfItem op_of(ops);
   const double per = 1.0 / double(replays.size());
   std::map<std::string, ReplayView::Kernel> kernels;
   for (size_t r = 0; r < replays.size(); ++r) {
@@ -92,6 +108,31 @@ ReplayView replay_view(const std::vector<std::vector<CapturedWork::TracedItem>>&
   for (auto& [name, k] : kernels) v.kernels.push_back(k);
   std::sort(v.kernels.begin(), v.kernels.end(), [](const auto& a, const auto& b) { return a.us > b.us; });
   return v;
+}
+
+void write_chrome_trace(const std::string& path, const std::vector<CapturedWork::TracedItem>& replay,
+                        const std::vector<ProfilingBackend::RecordedOp>& ops, const ModelConfig& c) {
+  std::vector<CapturedWork::TracedItem> items = replay;
+  std::sort(items.begin(), items.end(), [](const auto& a, const auto& b) { return a.start_us < b.start_us; });
+  const double origin = items.empty() ? 0 : items.front().start_us;
+  const OpOfItem op_of(ops);
+  std::vector<double> row_end;  // the last end on each row
+  nlohmann::json events = nlohmann::json::array();
+  for (const auto& it : items) {
+    size_t row = 0;
+    while (row < row_end.size() && row_end[row] > it.start_us) ++row;
+    if (row == row_end.size()) row_end.push_back(0);
+    row_end[row] = it.end_us;
+    const auto* op = op_of(it.item);
+    nlohmann::json args = {{"item", it.item}};
+    if (op) args["op"] = op->op, args["layer"] = op->region, args["kind"] = region_kind(op->region, c);
+    events.push_back({{"name", it.name}, {"cat", op ? op->op : "(no op)"}, {"ph", "X"}, {"ts", it.start_us - origin},
+                      {"dur", it.end_us - it.start_us}, {"pid", 0}, {"tid", row}, {"args", args}});
+  }
+  std::ofstream f(path);
+  if (!f) fail("--trace {}: cannot write the file", path);
+  f << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ns"}}.dump() << "\n";
+  if (!f) fail("--trace {}: writing failed", path);
 }
 
 void print_replay_kernels(const ReplayView& v, int top) {

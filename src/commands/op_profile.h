@@ -67,6 +67,10 @@ struct ReplayView {
 ReplayView replay_view(const std::vector<std::vector<CapturedWork::TracedItem>>& replays,
                        const std::vector<ProfilingBackend::RecordedOp>& ops, const ModelConfig& c);
 void print_replay_kernels(const ReplayView& v, int top);
+// One traced replay as Chrome trace events ("X" events, µs): an item per event, named by its kernel,
+// with its op and layer as arguments; items that overlap go to separate rows.
+void write_chrome_trace(const std::string& path, const std::vector<CapturedWork::TracedItem>& replay,
+                        const std::vector<ProfilingBackend::RecordedOp>& ops, const ModelConfig& c);
 nlohmann::json replay_view_json(const ReplayView& v);
 
 // Markdown: the op table (µs, %, MB, GB/s, % of copy, and TFLOP/s where `flops`), the layer table.

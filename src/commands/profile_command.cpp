@@ -33,6 +33,7 @@ struct ProfileArgs {
   int batch = 1, context = 4096, steps = 20;
   int64_t prefill = 0;
   bool json = false;
+  std::string trace;  // --trace: a traced replay as a Chrome trace (JSON)
   ParallelOptions parallel;
 };
 
@@ -223,8 +224,10 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
       // collectives, which one rank tracing alone would leave waiting.
       if (rank == 0 && ranks.world() == 1) {
         std::string why_not;
-        replay = replay_view(be.trace_replays(*graph, a.steps, why_not), ranks.prof[0]->recorded_ops(), c);
+        const auto traces = be.trace_replays(*graph, a.steps, why_not);
+        replay = replay_view(traces, ranks.prof[0]->recorded_ops(), c);
         replay.why_not = why_not;
+        if (!a.trace.empty() && !traces.empty()) write_chrome_trace(a.trace, traces.back(), ranks.prof[0]->recorded_ops(), c);
       } else if (rank == 0) {
         replay.why_not = "traced on one GPU only";
       }
@@ -369,6 +372,9 @@ void add_profile_command(CLI::App& app) {
                   "Profile one prompt of this many tokens in one step (model TFLOP/s) instead of a decode step")
       ->capture_default_str();
   cmd->add_flag("--json", a->json, "One JSON object instead of the tables");
+  cmd->add_option("--trace", a->trace,
+                  "Write the last traced replay of the decode step to this file as a Chrome trace (JSON: "
+                  "chrome://tracing, Perfetto): each item on the device's clock, named by kernel and op");
   cmd->callback([a] { run_profile(*a); });
 }
 

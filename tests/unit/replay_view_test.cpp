@@ -3,6 +3,9 @@
 // after them, and the shares add up to the step; items are attributed to the op call that made them.
 #include <gtest/gtest.h>
 
+#include <cstdio>
+#include <fstream>
+
 #include "commands/op_profile.h"
 
 namespace dsv4::commands {
@@ -35,6 +38,33 @@ TEST(ReplayView, SharesMoveTheEndAndAddUpToTheStep) {
   EXPECT_EQ(v.kernels[3].name, "k2");
   EXPECT_EQ(v.kernels[0].calls, 1);
   EXPECT_DOUBLE_EQ(v.kernels[3].busy_us, 9);
+}
+
+// --trace: the replay as Chrome trace events, overlapping items on separate rows, each with its op.
+TEST(ReplayView, ChromeTraceHasEveryItemWithItsOp) {
+  ModelConfig c;
+  c.n_layers = 2;
+  c.compress_ratios = {0, 4};
+  using Item = CapturedWork::TracedItem;
+  const std::vector<Item> replay = {{0, "k0", 100, 110}, {1, "k1", 102, 115}, {2, "k2", 103, 112}, {3, "k3", 120, 125}};
+  const std::vector<ProfilingBackend::RecordedOp> ops = {{"a", 0, 0, 1}, {"b", 0, 1, 2}, {"c", 1, 2, 3}};
+  const std::string path = ::testing::TempDir() + "replay_view_test_trace.json";
+  write_chrome_trace(path, replay, ops, c);
+  std::ifstream f(path);
+  const nlohmann::json j = nlohmann::json::parse(f);
+  const auto& ev = j.at("traceEvents");
+  ASSERT_EQ(ev.size(), 4u);
+  EXPECT_EQ(ev[0].at("name"), "k0");
+  EXPECT_DOUBLE_EQ(ev[0].at("ts").get<double>(), 0);
+  EXPECT_DOUBLE_EQ(ev[1].at("dur").get<double>(), 13);
+  EXPECT_EQ(ev[0].at("tid"), 0);
+  EXPECT_EQ(ev[1].at("tid"), 1);  // overlaps k0
+  EXPECT_EQ(ev[2].at("tid"), 2);  // overlaps both
+  EXPECT_EQ(ev[3].at("tid"), 0);  // after all three
+  EXPECT_EQ(ev[2].at("args").at("op"), "c");
+  EXPECT_EQ(ev[2].at("args").at("kind"), "CSA");
+  EXPECT_FALSE(ev[3].at("args").contains("op"));
+  std::remove(path.c_str());
 }
 
 TEST(ReplayView, NothingTracedIsNotAView) {

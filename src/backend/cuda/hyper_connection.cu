@@ -261,16 +261,44 @@ __device__ __forceinline__ void x_in_plain(const uint16_t* xt, const float* pre,
 // out = rms_norm(x_in, norm) of one token by its one finishing block, in row_ops.cu rms_norm_kernel's
 // order: thread i takes the 8-channel chunks i, i + kThreads, … (x_in rounded to bf16, kept in shared
 // memory), sums their squares in that order, then block_sum — the bits of x_in then the rms_norm op.
+// The thread's chunks of X and of the norm weight are loaded into registers first (NormedRows::load,
+// the weight before the programmatic-launch wait), so that the block waits one memory round trip for
+// them, beside the one for the partial sums, instead of one after the other.
+constexpr int kNormChunks = kMaxNormWidth / 8 / kThreads;  // a thread's 8-channel chunks at most
 template <int HC>
-__device__ __forceinline__ void x_in_normed(const uint16_t* xt, const float* pre, int D, const uint16_t* norm,
-                                            float norm_eps, uint16_t* yt) {
+struct NormedRows {
+  uint4 x[kNormChunks][HC], w[kNormChunks];
+  __device__ __forceinline__ void load_weight(const uint16_t* norm, int D) {
+#pragma unroll
+    for (int i = 0; i < kNormChunks; ++i) {
+      const int c = threadIdx.x + i * kThreads;
+      if (c < D / 8) w[i] = reinterpret_cast<const uint4*>(norm)[c];
+    }
+  }
+  __device__ __forceinline__ void load_streams(const uint16_t* xt, int D) {
+#pragma unroll
+    for (int i = 0; i < kNormChunks; ++i) {
+      const int c = threadIdx.x + i * kThreads;
+#pragma unroll
+      for (int j = 0; j < HC; ++j)
+        if (c < D / 8) x[i][j] = reinterpret_cast<const uint4*>(xt + j * D)[c];
+    }
+  }
+};
+
+template <int HC>
+__device__ __forceinline__ void x_in_normed(const NormedRows<HC>& rows, const float* pre, int D, float norm_eps,
+                                            uint16_t* yt) {
   __shared__ uint4 x_in[kMaxNormWidth / 8];
   float ss = 0;
-  for (int c = threadIdx.x; c < D / 8; c += kThreads) {
+#pragma unroll
+  for (int i = 0; i < kNormChunks; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    if (c >= D / 8) break;
     float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
 #pragma unroll
     for (int j = 0; j < HC; ++j) {
-      const uint4 raw = reinterpret_cast<const uint4*>(xt + j * D)[c];
+      const uint4 raw = rows.x[i][j];
       const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
       for (int k = 0; k < 4; ++k) {
@@ -286,8 +314,12 @@ __device__ __forceinline__ void x_in_normed(const uint16_t* xt, const float* pre
     ss = add_squares8(chunk, ss);
   }
   const float rs = rms_inverse(block_sum(ss), D, norm_eps);  // (block_sum's barrier also publishes x_in)
-  for (int c = threadIdx.x; c < D / 8; c += kThreads)
-    reinterpret_cast<uint4*>(yt)[c] = rms_scale8(x_in[c], reinterpret_cast<const uint4*>(norm)[c], rs);
+#pragma unroll
+  for (int i = 0; i < kNormChunks; ++i) {
+    const int c = threadIdx.x + i * kThreads;
+    if (c >= D / 8) break;
+    reinterpret_cast<uint4*>(yt)[c] = rms_scale8(x_in[c], rows.w[i], rs);
+  }
 }
 
 // NMix = (2+HC)·HC for hc_pre (pre, post, comb), HC for hc_head (pre only). Blocks [0, T·blocks_per_token):
@@ -304,11 +336,16 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float sums[HC + 1];
   __shared__ float mix[kWarps][NMix];  // m_j = (v · fn_j) · rs
   __shared__ float pre[kWarps][HC];
+  const int64_t x_blocks = T * blocks_per_token;
+  NormedRows<HC> rows;
+  if constexpr (kNorm)
+    if (blockIdx.x < x_blocks) rows.load_weight(norm, D);
   pdl_wait();
   pdl_launch_dependents();
+  if constexpr (kNorm)
+    if (blockIdx.x < x_blocks) rows.load_streams(X + int64_t(blockIdx.x) * HC * D, D);  // a block per token
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int width = HC * D;
-  const int64_t x_blocks = T * blocks_per_token;
   if (blockIdx.x >= x_blocks) {
     if constexpr (NMix > HC) {
       const int64_t t = (blockIdx.x - x_blocks) * kWarps + warp;
@@ -342,7 +379,7 @@ __global__ void __launch_bounds__(kThreads)
   __syncwarp();
   if (warp == 0) token_pre_post<HC>(mix[0], base, scale, hc_eps, lane, pre[0], nullptr);
   __syncthreads();
-  if constexpr (kNorm) x_in_normed<HC>(X + t * width, pre[0], D, norm, norm_eps, out + t * D);
+  if constexpr (kNorm) x_in_normed<HC>(rows, pre[0], D, norm_eps, out + t * D);
   else x_in_plain<HC>(X + t * width, pre[0], D, part, blocks_per_token, out + t * D);
 }
 

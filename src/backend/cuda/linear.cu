@@ -107,8 +107,6 @@ template <bool kXF32, bool kYF32, bool kVectorized>
 __global__ void __launch_bounds__(kColsPerBlock * 32, 4)
     linear_bf16w_kernel(const void* __restrict__ x, int64_t rows, int K, int64_t x_row_stride, int cols_per_group,
                         const uint16_t* __restrict__ w, int N, int splits, void* __restrict__ y) {
-  pdl_wait();
-  pdl_launch_dependents();
   __shared__ float slice_sum[kColsPerBlock][kRowsPerPass];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   const int j = blockIdx.x * (kColsPerBlock / splits) + warp / splits, slice = warp % splits;
@@ -118,6 +116,18 @@ __global__ void __launch_bounds__(kColsPerBlock * 32, 4)
   const int64_t x_col0 = int64_t((active ? j : 0) / cols_per_group) * K;
   const int chunks = K / 8;  // vectorized: 8 bf16 per load (splits is 1 on the element path)
   const int c_begin = slice * chunks / splits, c_end = active ? (slice + 1) * chunks / splits : c_begin;
+  // The weights do not depend on earlier kernels: a lane's first kAhead chunks are asked for before
+  // the programmatic-launch wait, so they stream while the kernel before finishes (into L1: loading
+  // them into registers here spills at four blocks per SM).
+  if constexpr (kVectorized) {
+#pragma unroll
+    for (int u = 0; u < kAhead<kXF32>; ++u) {
+      const int c = c_begin + lane + 32 * u;
+      if (c < c_end) prefetch_l1(reinterpret_cast<const uint4*>(w_row) + c);
+    }
+  }
+  pdl_wait();
+  pdl_launch_dependents();
   const int64_t row_end = min(rows, int64_t(blockIdx.y + 1) * kRowsPerBlock);
   for (int64_t r0 = int64_t(blockIdx.y) * kRowsPerBlock; r0 < row_end; r0 += kRowsPerPass) {
     float acc[kRowsPerPass] = {};
