@@ -619,33 +619,44 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   const Tensor& positions = plan.tables.positions;
   EntryPool& kv_pool = lp.caches->kv.pool();
 
-  // The compressors read only x and the step's tables (SPEC §3.4): at decode sizes a branch beside
-  // the query path (Backend::branch_begin; both are chains of latency-bound kernels), joined where
-  // the indexer or attention first reads their entries. `keep` holds the branch's tensors until then.
-  const bool beside = block.ratio && T <= kBranchMaxRows;
+  // At decode sizes three pieces of the layer run as a branch beside the query path (Backend::
+  // branch_begin; each is a chain of latency-bound kernels), joined where the indexer or attention
+  // first reads what they write; `keep` holds the branch's tensors until then:
+  //  - the compressors, which read only x and the step's tables (SPEC §3.4), and in CSA the
+  //    indexer's head weights, which read only x;
+  //  - the KV row's norm and RoPE, the layer's index tables and the row's cache write, which read
+  //    only wkv's output and the tables, beside q's norm, wq_b and q's norm and RoPE.
+  const bool beside = T <= kBranchMaxRows;
   std::vector<Tensor> keep;
-  if (beside) backend_.branch_begin();
-  if (block.ratio) compress(w.compressor, x, plan, lp, false, rope, keep);
-  if (block.ratio == 4) compress(w.indexer.compressor, x, plan, lp, true, rope, keep);
-  if (beside) backend_.branch_end();
-  const auto join_compressors = [&] {
-    if (beside) backend_.branch_join();
+  // CSA: the indexer's head weights, scaled (SPEC §3.5).
+  const int Hi = c.index_n_heads, id = c.index_head_dim;
+  const auto head_weights = [&] {
+    Tensor h = backend_.linear_bf16(x, w.indexer.weights_proj, Hi, c.dim);
+    keep.push_back(h);
+    return backend_.scale(h, float(std::pow(double(id), -0.5) * std::pow(double(Hi), -0.5)));
+  };
+  Tensor hw;
+  if (beside && block.ratio) {
+    backend_.branch_begin();
+    compress(w.compressor, x, plan, lp, false, rope, keep);
+    if (block.ratio == 4) {
+      compress(w.indexer.compressor, x, plan, lp, true, rope, keep);
+      hw = head_weights();
+    }
+    backend_.branch_end();
+  } else if (block.ratio) {
+    compress(w.compressor, x, plan, lp, false, rope, keep);
+    if (block.ratio == 4) compress(w.indexer.compressor, x, plan, lp, true, rope, keep);
+  }
+  bool joined = !beside;
+  const auto join_branch = [&] {
+    if (!joined) backend_.branch_join();
+    joined = true;
     keep.clear();
   };
 
   std::vector<Tensor> qa_kv = backend_.linears(x, {&w.wq_a, &w.wkv});
-  Tensor qr = backend_.rms_norm(qa_kv[0], w.q_norm, eps);
-  // With the indexer (CSA), its query projection reads qr too: both in one call.
-  std::vector<const LinearWeight*> q_weights = {&w.wq_b};
-  if (block.ratio == 4) q_weights.push_back(&w.indexer.wq_b);
-  std::vector<Tensor> qs = backend_.linears(qr, q_weights);
-  Tensor q = view(qs[0], {T, H, hd});
-  backend_.head_norm_rope(q, hd, eps, c.rope_dim, positions, rope);
-  emit("q", l, q);
   Tensor kv = std::move(qa_kv[1]);
-  backend_.norm_rope(kv, hd, w.kv_norm, eps, c.rope_dim, positions, rope, true);
-  emit("kv", l, kv);
-
   // This step's new entries go to scratch pages first: a query sees the new entries of its own
   // chunk before the ring is updated (a chunk may be longer than the window).
   // The layer's index tables depend only on the step's tables: one call makes them (with the
@@ -662,21 +673,30 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   li.kind = StepIndexKind::AttentionLists;
   li.count = lp.comp_len;
   kc.kind = StepIndexKind::KeyCounts;
+  if (beside) backend_.branch_begin();
+  backend_.norm_rope(kv, hd, w.kv_norm, eps, c.rope_dim, positions, rope, true);
   const std::vector<Tensor> idx = backend_.step_index_sets({ix, ring, block.ratio == 4 ? kc : li});
   const Tensor &new_entries = idx[0], &ring_slots = idx[1];
   backend_.write_entries(kv, new_entries, kv_pool);
+  if (beside) backend_.branch_end();
+
+  Tensor qr = backend_.rms_norm(qa_kv[0], w.q_norm, eps);
+  // With the indexer (CSA), its query projection reads qr too: both in one call.
+  std::vector<const LinearWeight*> q_weights = {&w.wq_b};
+  if (block.ratio == 4) q_weights.push_back(&w.indexer.wq_b);
+  std::vector<Tensor> qs = backend_.linears(qr, q_weights);
+  Tensor q = view(qs[0], {T, H, hd});
+  backend_.head_norm_rope(q, hd, eps, c.rope_dim, positions, rope);
+  emit("q", l, q);
 
   // Indexer (CSA): choose compressed entries per query (SPEC §3.5).
   Tensor topk;
   if (block.ratio == 4) {
-    const IndexerWeights& iw = w.indexer;
-    const int Hi = c.index_n_heads, id = c.index_head_dim;
     Tensor qi = view(qs[1], {T, Hi, id});
     backend_.rope(qi, id, c.rope_dim, positions, rope, false);
     backend_.hadamard_fp4_simulate(qi, id);
-    Tensor hw = backend_.linear_bf16(x, iw.weights_proj, Hi, c.dim);
-    hw = backend_.scale(hw, float(std::pow(double(id), -0.5) * std::pow(double(Hi), -0.5)));
-    join_compressors();
+    if (!beside) hw = head_weights();
+    join_branch();
     KeyTables keys{lp.keys, plan.tables.row_span, idx[2], std::max(lp.max_keys, 1)};
     topk = backend_.indexer_topk(qi, hw, Hi, lp.caches->keys.pool(), keys, c.index_topk);
     emit("index_topk", l, topk);
@@ -689,7 +709,8 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
     lists = backend_.step_indices(li);
   }
   const float scale = float(1.0 / std::sqrt(double(hd)));
-  if (block.ratio != 4) join_compressors();
+  join_branch();
+  emit("kv", l, kv);
   Tensor o = backend_.sparse_attention(q, H, hd, kv_pool, lists, w.sink, scale);
 
   // The ring keeps the last `win` positions of every sequence.

@@ -24,9 +24,8 @@
 // and K only, and a row's arithmetic does not depend on the rows beside it: batch-invariant. One
 // launch may carry up to three weights of the same input (Backend::linears), each over its own
 // column groups with its own splits: each output has the bits of its weight launched alone. The
-// weights do not depend on earlier kernels, so before the programmatic-launch wait each warp loads
-// its first weight blocks into registers and asks L2 for the rest (they stream while the previous
-// kernel finishes).
+// weights do not depend on earlier kernels, so each warp asks L2 for its weight lines before the
+// programmatic-launch wait (they stream while the previous kernel finishes).
 //
 // Measured (docs/perf/2026-12-01-fp8-linear-plan-ahead.md): 45–53% of the copy bandwidth for wq_b and
 // wo_b at 1–16 rows (a fixed ~5 µs of the call is the quantisation launch and ramp), then limited by
@@ -118,79 +117,62 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
   const uint8_t* w_lo = w + int64_t(lo_ok ? col0 + g : 0) * K + 16 * t;
   const uint8_t* w_hi = w + int64_t(hi_ok ? col0 + g + 8 : 0) * K + 16 * t;
   const uint8_t* w_run_scale = w_scale + int64_t(min(col0, N - 1) / 128) * kbs;
-  const int64_t row0 = int64_t(blockIdx.x) * kBlockRows;
-  float total[kTiles][4] = {};
-  // K blocks kb + 1 … kb + kAhead — weights, activation codes and scales — are loaded while block kb
-  // multiplies: the activations come from L2 (another kernel wrote them), and each warp's run is a
-  // chain of loads (wq_b: 8 blocks), whose round trips a deeper ring overlaps. One tile of rows has
-  // the registers for two blocks ahead (three spill); more tiles keep one.
-  constexpr int kAhead = kTiles == 1 ? 2 : 1;
-  struct Step {
-    uint4 lo[2], hi[2], x[kTiles][2];
-    float sa[kTiles], sb[kTiles], sw;
-  };
-  Step ring[kAhead];  // indexed by constants only (unrolled), so it stays in registers
   if (t == 0)
-    for (int kb = kb_begin + kAhead; kb < kb_end; ++kb) {
+    for (int kb = kb_begin; kb < kb_end; ++kb) {
       if (lo_ok) prefetch_l2(w_lo + int64_t(kb) * 128);
       if (hi_ok) prefetch_l2(w_hi + int64_t(kb) * 128);
     }
-  const auto load_weights = [&](int kb, Step& st) {
-    load_block(w_lo, lo_ok, kb, st.lo);
-    load_block(w_hi, hi_ok, kb, st.hi);
-    st.sw = e8m0_to_f32_dev(w_run_scale[kb]);
-  };
-  const auto load_activations = [&](int kb, Step& st) {
+  pdl_wait();
+  pdl_launch_dependents();
+
+  const int64_t row0 = int64_t(blockIdx.x) * kBlockRows;
+  float total[kTiles][4] = {};
+  // Block kb + 1 — weights, activation codes and scales — is loaded while block kb multiplies: the
+  // activations come from L2 (another kernel wrote them), and a load in the multiply's dependency
+  // chain cost a round trip per block.
+  uint4 next_lo[2], next_hi[2], next_x[kTiles][2];
+  float next_sa[kTiles], next_sb[kTiles], next_sw = 0;
+  const auto load_step = [&](int kb) {
+    load_block(w_lo, lo_ok, kb, next_lo);
+    load_block(w_hi, hi_ok, kb, next_hi);
+    next_sw = e8m0_to_f32_dev(w_run_scale[kb]);
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
       const int64_t r = row0 + 8 * j + g, ra = row0 + 8 * j + 2 * t;
-      load_block(act_q + (r < rows ? r : 0) * K + 16 * t, r < rows, kb, st.x[j]);
-      st.sa[j] = ra < rows ? act_scale[ra * kbs + kb] : 0.f;
-      st.sb[j] = ra + 1 < rows ? act_scale[(ra + 1) * kbs + kb] : 0.f;
+      load_block(act_q + (r < rows ? r : 0) * K + 16 * t, r < rows, kb, next_x[j]);
+      next_sa[j] = ra < rows ? act_scale[ra * kbs + kb] : 0.f;
+      next_sb[j] = ra + 1 < rows ? act_scale[(ra + 1) * kbs + kb] : 0.f;
     }
   };
-  const auto load_step = [&](int kb, Step& st) {
-    load_weights(kb, st);
-    load_activations(kb, st);
-  };
-  // The weights do not depend on earlier kernels: the first blocks' are on their way to registers,
-  // and the rest to L2, while the kernel before finishes. Everything else waits for it.
+  if (kb_begin < kb_end) load_step(kb_begin);
+  for (int kb = kb_begin; kb < kb_end; ++kb) {
+    const uint4 lo[2] = {next_lo[0], next_lo[1]}, hi[2] = {next_hi[0], next_hi[1]};
+    uint4 x[kTiles][2];
+    float sa[kTiles], sb[kTiles];
 #pragma unroll
-  for (int u = 0; u < kAhead; ++u)
-    if (kb_begin + u < kb_end) load_weights(kb_begin + u, ring[u]);
-  pdl_wait();
-  pdl_launch_dependents();
+    for (int j = 0; j < kTiles; ++j) x[j][0] = next_x[j][0], x[j][1] = next_x[j][1], sa[j] = next_sa[j], sb[j] = next_sb[j];
+    const float sw = next_sw;
+    if (kb + 1 < kb_end) load_step(kb + 1);
+    float part[kTiles][4] = {};
 #pragma unroll
-  for (int u = 0; u < kAhead; ++u)
-    if (kb_begin + u < kb_end) load_activations(kb_begin + u, ring[u]);
-  for (int kb0 = kb_begin; kb0 < kb_end; kb0 += kAhead) {
+    for (int c = 0; c < 2; ++c)
 #pragma unroll
-    for (int u = 0; u < kAhead; ++u) {
-      const int kb = kb0 + u;
-      if (kb >= kb_end) break;
-      const Step cur = ring[u];
-      if (kb + kAhead < kb_end) load_step(kb + kAhead, ring[u]);
-      float part[kTiles][4] = {};
+      for (int s = 0; s < 4; ++s) {
+        uint32_t a[4];
+        weight_fragment(word(lo[c], s), word(hi[c], s), a);
 #pragma unroll
-      for (int c = 0; c < 2; ++c)
-#pragma unroll
-        for (int s = 0; s < 4; ++s) {
-          uint32_t a[4];
-          weight_fragment(word(cur.lo[c], s), word(cur.hi[c], s), a);
-#pragma unroll
-          for (int j = 0; j < kTiles; ++j) {
-            const uint32_t b = word(cur.x[j][c], s);
-            mma_f16(part[j], a, e4m3x2_to_f16x2(b), e4m3x2_to_f16x2(b >> 16));
-          }
+        for (int j = 0; j < kTiles; ++j) {
+          const uint32_t b = word(x[j][c], s);
+          mma_f16(part[j], a, e4m3x2_to_f16x2(b), e4m3x2_to_f16x2(b >> 16));
         }
-#pragma unroll
-      for (int j = 0; j < kTiles; ++j) {
-        const float scale_a = cur.sa[j] * cur.sw, scale_b = cur.sb[j] * cur.sw;
-        total[j][0] += part[j][0] * scale_a;
-        total[j][1] += part[j][1] * scale_b;
-        total[j][2] += part[j][2] * scale_a;
-        total[j][3] += part[j][3] * scale_b;
       }
+#pragma unroll
+    for (int j = 0; j < kTiles; ++j) {
+      const float scale_a = sa[j] * sw, scale_b = sb[j] * sw;
+      total[j][0] += part[j][0] * scale_a;
+      total[j][1] += part[j][1] * scale_b;
+      total[j][2] += part[j][2] * scale_a;
+      total[j][3] += part[j][3] * scale_b;
     }
   }
 
