@@ -392,6 +392,24 @@ TEST(SparseMlaGpu, HeadCountsHeadGroupsBlockSizesAndUnsplitBaseline) {
     }
 }
 
+// 8 warps per row group (16 heads × 64-entry blocks, the 1–2 query default): split and whole-list,
+// SWA-, HCA- and CSA-sized lists, against the CPU reference.
+TEST(SparseMlaGpu, EightWarpsPerRowGroup) {
+  for (bool split : {true, false})
+    for (auto set : {SparseMlaCompressed::None, SparseMlaCompressed::Selected}) {
+      Case c;
+      c.heads_per_cta = 16;
+      c.block_entries = 64;
+      c.row_group_warps = 8;
+      c.split = split;
+      c.fused_combine = false;
+      c.set = set;
+      c.last_pos = {4095, 130, 3000};
+      c.s_q = {1, 2, 1};
+      run_case(c);
+    }
+}
+
 // Entries whose scale exceeds 2^15 (or is 2^-127) take the dequantiser's f32 path, the rest the
 // bit-moving one; both must be exact. One entry per query (every sequence at position 0), q = 0 and
 // no sink: each output is its entry's value times a weight of exactly 1, so it must equal the

@@ -73,7 +73,7 @@ struct Layout {
   static constexpr int ids = src + 2 * kBlock * 8;           // [2 parities][kBlock] entry ids (−1 = none)
   static constexpr int bytes = ids + 2 * kBlock * 4;
   static_assert(kBlock == 32 || kBlock == 64, "block of 32 or 64 positions");
-  static_assert((kSplit == 2 || kSplit == 4) && kNTiles >= 1, "2 or 4 warps per row group, ≥ 8 entries each");
+  static_assert((kSplit == 2 || kSplit == 4 || kSplit == 8) && kNTiles >= 1, "2, 4 or 8 warps per row group, ≥ 8 entries each");
   static_assert(kWarpDims * kSplit == kD && kDimTiles % 2 == 0, "whole 16-dim steps of O per warp");
 };
 
@@ -516,6 +516,7 @@ auto with_config(int heads_per_cta, int block_entries, int row_group_warps, F&& 
     case 64322: return f(Config<64, 32, 2>{});
     case 64324: return f(Config<64, 32, 4>{});
     case 64642: return f(Config<64, 64, 2>{});
+    case 16648: return f(Config<16, 64, 8>{});
     default: return f(Config<64, 64, 4>{});
   }
 }

@@ -33,8 +33,9 @@ struct SparseMlaShape {
   int heads_per_cta = 0;  // 16, 32 or 64 (≤ n_heads); 0 = chosen from max_queries
   int block_entries = 0;  // list positions per work unit and softmax block: 64 or 32; 0 = chosen from
                           // max_queries (and 32 where a 64-entry tile does not fit the GPU's smem)
-  int row_group_warps = 0;  // warps per 16-head row group (2 or 4: S's entries and O's dims are split
-                            // among them); 0 = 4, or 2 with the fused combine (which needs 2)
+  int row_group_warps = 0;  // warps per 16-head row group (2, 4, or 8 with 16 heads × 64 entries: S's
+                            // entries and O's dims are split among them); 0 = 8 for 16 heads × 64
+                            // entries, else 4, or 2 with the fused combine (which needs 2)
   bool split_kv = true;   // false: one CTA per (query, head group) over its whole list (baseline)
   // The last CTA of a split job merges its partials, else a separate combine kernel does. Off by
   // default: on the H200 the separate kernel measured 3.5–4× faster at batch 1–32 and within 5% at

@@ -182,14 +182,25 @@ SparseMlaTile sparse_mla_select_tile(const SparseMlaShape& shape, const DeviceLi
   int block = shape.block_entries ? shape.block_entries : shape.max_queries >= 8 ? 64 : 32;
   DSV4_CHECK(block == 32 || block == 64, "sparse MLA: block_entries must be 32 or 64, got {}", block);
   // The fused combine is compiled only into the 2-warp form (the 4-warp form has no registers to spare).
-  const int warps = shape.row_group_warps ? shape.row_group_warps : shape.fused_combine ? 2 : 4;
-  DSV4_CHECK(warps == 2 || warps == 4, "sparse MLA: row_group_warps must be 2 or 4, got {}", warps);
+  // One 16-head group of 64-entry blocks (a decode step of 1–2 queries: four CTAs for 64 heads)
+  // takes 8 warps, each 8 entries of S and 64 dims of O: the CTA's chain of dequantisation and
+  // products per block is then half as long.
+  const auto eight = [&] { return heads == 16 && block == 64; };
+  int warps = shape.row_group_warps ? shape.row_group_warps : shape.fused_combine ? 2 : eight() ? 8 : 4;
+  DSV4_CHECK(warps == 2 || warps == 4 || (warps == 8 && eight()),
+             "sparse MLA: row_group_warps must be 2 or 4 (or 8 with 16 heads per CTA and 64-entry blocks), got {}",
+             warps);
   DSV4_CHECK(!shape.fused_combine || warps == 2, "sparse MLA: the fused combine needs row_group_warps 2");
   // Where the tile's shared memory exceeds the block limit (sm_120: 99 KB; every tile fits the H200's
   // 227 KB), 32-entry blocks, then smaller head groups: the tiles of 16 or 32 heads × 32 entries
   // (70–88 KB) fit there.
   auto fits = [&] { return sparse_mla_mma_tile(heads, block, warps).smem_bytes <= limits.smem_per_block_optin; };
-  if (!fits() && shape.block_entries == 0 && block == 64) block = 32;
+  if (!fits() && shape.block_entries == 0 && block == 64) {
+    block = 32;
+    if (warps == 8 && shape.row_group_warps == 0) warps = 4;  // 8 warps take 64-entry blocks only
+  }
+  DSV4_CHECK(warps != 8 || eight(), "sparse MLA: 8 warps per row group take 16 heads × 64 entries only ({} × {} here)",
+             heads, block);
   while (!fits() && shape.heads_per_cta == 0 && heads > 16) heads /= 2;
   const SparseMlaTile tile = sparse_mla_mma_tile(heads, block, warps);
   DSV4_CHECK(fits(), "sparse MLA decode: the {}-head × {}-entry tile ({} B) does not fit this GPU's shared memory "
@@ -211,7 +222,7 @@ std::vector<KernelLaunch> sparse_mla_kernel_launches(const DeviceLimits& limits)
     for (int max_queries : {1, 2, 3, 4, 7, 8, 16, 64, 128, 1024})
       for (int hpc : {0, 16, 32, 64})
         for (int block : {0, 32, 64})
-          for (int warps : {0, 2, 4})
+          for (int warps : {0, 2, 4, 8})
             for (int flags = 0; flags < 4; ++flags)
               for (K kernel : {K::Auto, K::MmaSync, K::Wgmma}) {
                 SparseMlaShape shape;
