@@ -1,14 +1,21 @@
 // Backend branches on the CUDA backend (Backend::branch_begin / branch_end / branch_join): work on
 // the side stream beside the stream, joined, gives the bits of the same ops in line — eager, and
 // recorded and replayed (the branch is then a branch of the graph). Fresh random inputs; the
-// recording's output is poisoned before each replay.
+// recording's output is poisoned before each replay. And the traced replay of such a recording
+// (Backend::trace_replays, through CUPTI) with the profiling backend's record of which op call made
+// which items: every item of every replay comes back once, under its recorded name, with its start
+// before its end; the op calls' item ranges cover the recording in call order; and a traced replay
+// still computes what the step computes.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <random>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
+#include "backend/cuda/cuda_graph.h"
+#include "backend/profiling_backend.h"
 #include "gpu_test_rng.h"
 
 namespace dsv4::cuda {
@@ -61,6 +68,61 @@ TEST(BackendBranch, BesideTheStreamAsInLine) {
     be.upload(out, poison.data());
     be.replay(*recording);
     EXPECT_EQ(to_host(be, out), in_line) << "replay " << r;
+  }
+  be.synchronize();
+}
+
+TEST(ReplayTrace, EveryItemOfEveryReplayOnceWithItsOp) {
+  const int64_t rows = 7, width = 4096;
+  std::vector<uint16_t> x(size_t(rows * width));
+  std::uniform_int_distribution<int> v(0x3c00, 0x4100);
+  for (auto& e : x) e = uint16_t(v(rng()));
+  ProfilingBackend be(std::make_unique<CudaBackend>());
+  Tensor xt = be.from_host(DType::BF16, {rows, width}, x.data());
+  const std::vector<uint16_t> eager = to_host(be, step(be, xt));
+
+  be.begin_capture();
+  Tensor out = step(be, xt);
+  auto work = be.end_capture();
+  const auto& ops = be.recorded_ops();
+  ASSERT_EQ(ops.size(), 6u);
+  const char* names[] = {"scale", "scale", "add", "scale", "scale", "add"};
+  int64_t next = 0;
+  for (size_t i = 0; i < ops.size(); ++i) {
+    EXPECT_EQ(ops[i].op, names[i]) << i;
+    EXPECT_EQ(ops[i].from, next) << i;
+    EXPECT_GT(ops[i].to, ops[i].from) << i;
+    next = ops[i].to;
+  }
+  const auto* graph = dynamic_cast<const CudaGraph*>(work.get());
+  ASSERT_NE(graph, nullptr);
+  const std::vector<std::string> item_names = graph->item_names();
+  EXPECT_EQ(int64_t(item_names.size()), work->items());
+  EXPECT_LE(next, work->items());  // the join's event nodes, if any, belong to no op
+
+  const std::vector<uint16_t> poison(eager.size(), 0x7fc1);
+  be.upload(out, poison.data());
+  std::string why_not;
+  const int replays = 4;
+  const auto traces = be.trace_replays(*work, replays, why_not);
+  ASSERT_EQ(traces.size(), size_t(replays)) << why_not;
+  EXPECT_EQ(to_host(be, out), eager);
+  for (int r = 0; r < replays; ++r) {
+    std::vector<int64_t> seen;
+    for (const auto& it : traces[size_t(r)]) {
+      ASSERT_GE(it.item, 0);
+      ASSERT_LT(it.item, int64_t(item_names.size()));
+      EXPECT_EQ(it.name, item_names[size_t(it.item)]) << "replay " << r << " item " << it.item;
+      EXPECT_LE(it.start_us, it.end_us);
+      EXPECT_GE(it.start_us, 0.0);
+      seen.push_back(it.item);
+    }
+    std::sort(seen.begin(), seen.end());
+    EXPECT_TRUE(std::adjacent_find(seen.begin(), seen.end()) == seen.end()) << "an item twice in replay " << r;
+    // Every op call's items ran (kernels here: one an op).
+    for (const auto& op : ops)
+      for (int64_t i = op.from; i < op.to; ++i)
+        EXPECT_TRUE(std::binary_search(seen.begin(), seen.end(), i)) << op.op << " item " << i << " replay " << r;
   }
   be.synchronize();
 }

@@ -361,9 +361,9 @@ TEST(LinearFp8Block, EveryTileCount) {
 }
 
 // A row's result does not depend on the rows computed beside it (the engine batches sequences
-// freely): each row alone and inside batches of other sizes, bit for bit.
-TEST(LinearFp8Block, RowsDoNotDependOnTheBatch) {
-  const int N = 1000, K = 1024, rows = 70;
+// freely): rows [first, first + count) alone against the same rows in a batch of `rows`, bit for
+// bit, outputs poisoned first.
+void check_rows_alone(int N, int K, int64_t rows, const std::vector<int64_t>& firsts, const std::vector<int64_t>& counts) {
   const std::vector<uint16_t> x = random_bf16(rows, K);
   std::vector<uint8_t> w(size_t(N) * K), ws(size_t((N + 127) / 128) * (K / 128));
   std::uniform_int_distribution<int> code(0, 126), sbyte(118, 134);
@@ -379,52 +379,27 @@ TEST(LinearFp8Block, RowsDoNotDependOnTheBatch) {
   d_y.fill_bytes(0xff, stream.get());
   linear_fp8_block(d_x.get(), rows, K, d_w.get(), d_ws.get(), N, d_q.get(), d_s.get(), d_y.get(), stream.get());
   const std::vector<uint16_t> all = d_y.download(stream.get());
-  for (int64_t first : {0, 5, 33, 63}) {
-    for (int64_t count : {1, 3, 7}) {
+  for (int64_t first : firsts)
+    for (int64_t count : counts) {
+      ASSERT_LE(first + count, rows);
       DeviceBuffer<uint16_t> d_part(size_t(count) * N);
       d_part.fill_bytes(0xff, stream.get());
       linear_fp8_block(d_x.get() + first * K, count, K, d_w.get(), d_ws.get(), N, d_q.get(), d_s.get(), d_part.get(),
                        stream.get());
       const std::vector<uint16_t> part = d_part.download(stream.get());
       EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + first * N))
-          << "rows " << first << " … " << first + count - 1 << " alone differ from the same rows in a batch of " << rows;
+          << "[" << N << " × " << K << "]: rows " << first << " … " << first + count - 1
+          << " alone differ from the same rows in a batch of " << rows;
     }
-  }
 }
 
+TEST(LinearFp8Block, RowsDoNotDependOnTheBatch) { check_rows_alone(1000, 1024, 70, {0, 5, 33, 63}, {1, 3, 7}); }
+
 // The same on DeepSeek-V4-Flash's shapes and a ragged one (N not a multiple of 16, runs of 1 and 2 K
-// blocks): every decode row count (one 8-row tile) against a batch of three tiles, rows poisoned first.
+// blocks): every decode row count (one 8-row tile) against a batch of three tiles.
 TEST(LinearFp8Block, FlashShapesRowsDoNotDependOnTheBatch) {
   const int shapes[][2] = {{32768, 1024}, {4096, 8192}, {1024, 4096}, {4096, 2048}, {200, 384}};
-  const int64_t rows = 24;
-  std::uniform_int_distribution<int> code(0, 126), sbyte(118, 134);
-  Stream stream;
-  for (auto [N, K] : shapes) {
-    const std::vector<uint16_t> x = random_bf16(rows, K);
-    std::vector<uint8_t> w(size_t(N) * K), ws(size_t((N + 127) / 128) * (K / 128));
-    for (auto& b : w) b = uint8_t(code(rng()));
-    for (auto& b : ws) b = uint8_t(sbyte(rng()));
-    DeviceBuffer<uint16_t> d_x(x.size()), d_y(size_t(rows) * N);
-    DeviceBuffer<uint8_t> d_w(w.size()), d_ws(ws.size()), d_q(size_t(rows) * K);
-    DeviceBuffer<float> d_s(size_t(rows) * (K / 128));
-    d_x.upload(x, stream.get());
-    d_w.upload(w, stream.get());
-    d_ws.upload(ws, stream.get());
-    d_y.fill_bytes(0xff, stream.get());
-    linear_fp8_block(d_x.get(), rows, K, d_w.get(), d_ws.get(), N, d_q.get(), d_s.get(), d_y.get(), stream.get());
-    const std::vector<uint16_t> all = d_y.download(stream.get());
-    for (int64_t first : {0, 16})
-      for (int64_t count = 1; count <= 8; ++count) {
-        DeviceBuffer<uint16_t> d_part(size_t(count) * N);
-        d_part.fill_bytes(0xff, stream.get());
-        linear_fp8_block(d_x.get() + first * K, count, K, d_w.get(), d_ws.get(), N, d_q.get(), d_s.get(), d_part.get(),
-                         stream.get());
-        const std::vector<uint16_t> part = d_part.download(stream.get());
-        EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + first * N))
-            << "[" << N << " × " << K << "]: rows " << first << " … " << first + count - 1 << " alone differ from a batch of "
-            << rows;
-      }
-  }
+  for (auto [N, K] : shapes) check_rows_alone(N, K, 24, {0, 16}, {1, 2, 3, 4, 5, 6, 7, 8});
 }
 
 // Several weights of one input in one launch (linear_fp8_block_quantised): each output has the bits

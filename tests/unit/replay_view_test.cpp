@@ -11,16 +11,22 @@
 namespace dsv4::commands {
 namespace {
 
-TEST(ReplayView, SharesMoveTheEndAndAddUpToTheStep) {
+// Two layers (SWA, CSA); items 0 and 1 in a chain (1 launched early, waiting), item 2 on a branch,
+// item 3 after a gap and made by no op call.
+struct Example {
   ModelConfig c;
-  c.n_layers = 2;
-  c.compress_ratios = {0, 4};
-  using Item = CapturedWork::TracedItem;
-  // Item 0 and 1 in a chain (1 launched early, waiting), item 2 on a branch, item 3 after a gap
-  // and made by no op call.
-  const std::vector<Item> replay = {{0, "k0", 100, 110}, {1, "k1", 102, 115}, {2, "k2", 103, 112}, {3, "k3", 120, 125}};
-  const std::vector<ProfilingBackend::RecordedOp> ops = {{"a", 0, 0, 1}, {"b", 0, 1, 2}, {"c", 1, 2, 3}};
-  const ReplayView v = replay_view({replay, replay}, ops, c);
+  std::vector<CapturedWork::TracedItem> replay = {{0, "k0", 100, 110}, {1, "k1", 102, 115}, {2, "k2", 103, 112},
+                                                  {3, "k3", 120, 125}};
+  std::vector<ProfilingBackend::RecordedOp> ops = {{"a", 0, 0, 1}, {"b", 0, 1, 2}, {"c", 1, 2, 3}};
+  Example() {
+    c.n_layers = 2;
+    c.compress_ratios = {0, 4};
+  }
+};
+
+TEST(ReplayView, SharesMoveTheEndAndAddUpToTheStep) {
+  const Example x;
+  const ReplayView v = replay_view({x.replay, x.replay}, x.ops, x.c);
   ASSERT_TRUE(v.traced);
   EXPECT_EQ(v.replays, 2);
   EXPECT_DOUBLE_EQ(v.step_us, 25);
@@ -42,14 +48,9 @@ TEST(ReplayView, SharesMoveTheEndAndAddUpToTheStep) {
 
 // --trace: the replay as Chrome trace events, overlapping items on separate rows, each with its op.
 TEST(ReplayView, ChromeTraceHasEveryItemWithItsOp) {
-  ModelConfig c;
-  c.n_layers = 2;
-  c.compress_ratios = {0, 4};
-  using Item = CapturedWork::TracedItem;
-  const std::vector<Item> replay = {{0, "k0", 100, 110}, {1, "k1", 102, 115}, {2, "k2", 103, 112}, {3, "k3", 120, 125}};
-  const std::vector<ProfilingBackend::RecordedOp> ops = {{"a", 0, 0, 1}, {"b", 0, 1, 2}, {"c", 1, 2, 3}};
+  const Example x;
   const std::string path = ::testing::TempDir() + "replay_view_test_trace.json";
-  write_chrome_trace(path, replay, ops, c);
+  write_chrome_trace(path, x.replay, x.ops, x.c);
   std::ifstream f(path);
   const nlohmann::json j = nlohmann::json::parse(f);
   const auto& ev = j.at("traceEvents");
