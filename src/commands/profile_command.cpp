@@ -234,6 +234,9 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
       m.finish_step(plan, r, b);
     });
   }
+  if (!a.trace.empty() && !replay.traced)
+    fmt::print(stderr, "--trace {}: not written ({})\n", a.trace,
+               replayed ? replay.why_not : "this backend does not record and replay a step");
   // The step as the engine runs it: model.step with the model's decode mode (recorded graphs where
   // the backend records: a fixed-shape plan, its descriptor refilled, the replay, sampling as
   // called, the token read back), the host's work included.
