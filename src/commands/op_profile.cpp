@@ -39,10 +39,22 @@ OpProfile summarise_ops(const std::vector<std::vector<ProfilingBackend::OpRecord
 double FlashProjection::op_sum_ms() const { return kSwa * swa_ms + kCsa * csa_ms + kHca * hca_ms + embed_ms + head_ms; }
 
 FlashProjection project_flash(const OpProfile& p, const ModelConfig& c) {
+  std::map<int, double> ms;
+  for (const auto& [region, t] : p.regions) ms[region] = t.ms;
+  return project_flash(ms, c);
+}
+
+FlashProjection project_flash(const ReplayView& v, const ModelConfig& c) {
+  std::map<int, double> ms;
+  for (const auto& [region, us] : v.region_us) ms[region] = us / 1e3;
+  return project_flash(ms, c);
+}
+
+FlashProjection project_flash(const std::map<int, double>& region_ms, const ModelConfig& c) {
   std::map<std::string, std::pair<int, double>> kinds;  // layers, ms
-  for (const auto& [region, t] : p.regions) {
+  for (const auto& [region, ms] : region_ms) {
     auto& k = kinds[region_kind(region, c)];
-    k.first += 1, k.second += t.ms;
+    k.first += 1, k.second += ms;
   }
   auto mean = [&](const char* k) {
     auto it = kinds.find(k);

@@ -43,6 +43,8 @@ struct FlashProjection {
   static constexpr int kSwa = 2, kCsa = 21, kHca = 20;
 };
 FlashProjection project_flash(const OpProfile& p, const ModelConfig& c);
+// The same from any per-region times (ms).
+FlashProjection project_flash(const std::map<int, double>& region_ms, const ModelConfig& c);
 
 // A traced replay of the recorded step (Backend::trace_replays) seen by op: each item's share of
 // the replayed step is how far it moved the step's end — items in order of their ends, each
@@ -67,6 +69,9 @@ struct ReplayView {
 ReplayView replay_view(const std::vector<std::vector<CapturedWork::TracedItem>>& replays,
                        const std::vector<ProfilingBackend::RecordedOp>& ops, const ModelConfig& c);
 void print_replay_kernels(const ReplayView& v, int top);
+// The 43-layer step from the traced replay's layer shares: what the replay spends per layer kind,
+// with no replayed / op-sum ratio to assume.
+FlashProjection project_flash(const ReplayView& v, const ModelConfig& c);
 // One traced replay as Chrome trace events ("X" events, µs): an item per event, named by its kernel,
 // with its op and layer as arguments; items that overlap go to separate rows.
 void write_chrome_trace(const std::string& path, const std::vector<CapturedWork::TracedItem>& replay,

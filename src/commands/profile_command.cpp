@@ -277,6 +277,10 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
     }
     j["profile"] = op_tables_json(ops, c, &replay);
     if (replayed) j["replay_trace"] = replay_view_json(replay);
+    if (const FlashProjection r = replay.traced ? project_flash(replay, c) : FlashProjection{}; r.valid)
+      j["flash_projection_replayed"] = {{"swa_ms", r.swa_ms}, {"csa_ms", r.csa_ms}, {"hca_ms", r.hca_ms}, {"embed_ms", r.embed_ms},
+                                        {"head_ms", r.head_ms}, {"step_ms", r.op_sum_ms()},
+                                        {"tokens_per_s", a.batch / (r.op_sum_ms() / 1e3)}};
     if (flash.valid)
       j["flash_projection"] = {{"swa_ms", flash.swa_ms}, {"csa_ms", flash.csa_ms}, {"hca_ms", flash.hca_ms},
                                {"embed_ms", flash.embed_ms}, {"head_ms", flash.head_ms}, {"op_sum_ms", flash.op_sum_ms()},
@@ -330,6 +334,12 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
                flash.hca_ms * 1e3, flash.embed_ms * 1e3, flash.head_ms * 1e3, flash.op_sum_ms());
     fmt::print("× {:.2f} ({} step / op sum, this run) = {:.3f} ms per step → {:.0f} tok/s at batch {} ({:.1f} tok/s per sequence)\n",
                ratio, replayed ? "replayed" : "eager", flash_ms, a.batch / (flash_ms / 1e3), a.batch, 1e3 / flash_ms);
+    const FlashProjection r = replay.traced ? project_flash(replay, c) : FlashProjection{};
+    if (r.valid)
+      fmt::print("\nfrom the traced replay's layer shares: {} SWA × {:.1f} µs + {} CSA × {:.1f} µs + {} HCA × {:.1f} µs + "
+                 "embed {:.1f} µs + head {:.1f} µs = {:.3f} ms per step → {:.0f} tok/s at batch {}\n",
+                 FlashProjection::kSwa, r.swa_ms * 1e3, FlashProjection::kCsa, r.csa_ms * 1e3, FlashProjection::kHca,
+                 r.hca_ms * 1e3, r.embed_ms * 1e3, r.head_ms * 1e3, r.op_sum_ms(), a.batch / (r.op_sum_ms() / 1e3), a.batch);
   }
 }
 

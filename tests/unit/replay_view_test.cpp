@@ -46,6 +46,22 @@ TEST(ReplayView, SharesMoveTheEndAndAddUpToTheStep) {
   EXPECT_DOUBLE_EQ(v.kernels[3].busy_us, 9);
 }
 
+// DeepSeek-V4-Flash's step from the replay's layer shares: each kind's mean layer times its count.
+TEST(ReplayView, ProjectsTheFlashStepFromLayerShares) {
+  ModelConfig c;
+  c.n_layers = 4;
+  c.compress_ratios = {0, 0, 4, 128};
+  ReplayView v;
+  v.traced = true;
+  v.region_us = {{-1, 2}, {0, 160}, {1, 150}, {2, 200}, {3, 170}, {4, 250}};
+  const FlashProjection f = project_flash(v, c);
+  ASSERT_TRUE(f.valid);
+  EXPECT_NEAR(f.swa_ms, 0.155, 1e-12);
+  EXPECT_NEAR(f.csa_ms, 0.2, 1e-12);
+  EXPECT_NEAR(f.hca_ms, 0.17, 1e-12);
+  EXPECT_NEAR(f.op_sum_ms(), (2 * 155.0 + 21 * 200.0 + 20 * 170.0 + 2 + 250) / 1e3, 1e-12);
+}
+
 // --trace: the replay as Chrome trace events, overlapping items on separate rows, each with its op.
 TEST(ReplayView, ChromeTraceHasEveryItemWithItsOp) {
   const Example x;
