@@ -154,15 +154,23 @@ std::vector<std::vector<CapturedWork::TracedItem>> CudaBackend::trace_replays(co
     why_not = lib.why_not;
     return {};
   }
-  auto check = [&](CUptiResult r, const char* what) {
-    if (r == CUPTI_SUCCESS) return true;
+  const auto error = [&](CUptiResult r, const char* what) {
+    if (r == CUPTI_SUCCESS) return std::string();
     const char* s = nullptr;
     lib.result_string(r, &s);
-    why_not = fmt::format("CUPTI {}: {}", what, s ? s : "error");
-    return false;
+    return fmt::format("CUPTI {}: {}", what, s ? s : "error");
   };
-  static const bool registered = [&] { return check(lib.register_callbacks(buffer_requested, buffer_completed), "callbacks"); }();
-  if (!registered) return {};
+  const auto check = [&](CUptiResult r, const char* what) {
+    why_not = error(r, what);
+    return why_not.empty();
+  };
+  // Registered once; a failure is reported to every caller, not only the first.
+  static const std::string registration_error =
+      error(lib.register_callbacks(buffer_requested, buffer_completed), "callbacks");
+  if (!registration_error.empty()) {
+    why_not = registration_error;
+    return {};
+  }
   synchronize();
   for (CUpti_ActivityKind k : kKinds)
     if (!check(lib.enable(k), "enable")) return {};
