@@ -47,6 +47,9 @@ struct RopeTable {
 struct Routing {
   Tensor ids;      // I32 [T, k]
   Tensor weights;  // F32 [T, k]
+  // The backend's own form of this routing, made beside it (CUDA: the pairs grouped by expert for the
+  // MoE kernels), or null. Only the backend that routed reads it.
+  std::shared_ptr<const void> prepared = nullptr;
 };
 
 // One compressor's running state (SPEC §3.4) for every sequence of one layer: slot s is one

@@ -153,7 +153,7 @@ struct DeviceMixInputs {
 
 // hc_pre on the GPU (with a norm when given one); every output and the scratch poisoned first.
 HcPreResult gpu_hc_pre(const std::vector<uint16_t>& X, int64_t T, int hc, int D, const HcWeights& w, int iters,
-                       const std::vector<uint16_t>* norm = nullptr) {
+                       const std::vector<uint16_t>* norm = nullptr, unsigned* ticket = nullptr) {
   Stream stream;
   DeviceMixInputs in(X, w, norm, D, stream.get());
   DeviceBuffer<uint16_t> d_out(size_t(T * D));
@@ -164,7 +164,7 @@ HcPreResult gpu_hc_pre(const std::vector<uint16_t>& X, int64_t T, int hc, int D,
   d_comb.fill_bytes(0xff, stream.get());
   d_partials.fill_bytes(0xff, stream.get());
   hc_pre(in.X.get(), T, hc, D, in.fn.get(), in.base.get(), in.scale.get(), iters, kNormEps, kHcEps, d_partials.get(),
-         norm ? in.norm.get() : nullptr, d_out.get(), d_post.get(), d_comb.get(), stream.get());
+         norm ? in.norm.get() : nullptr, d_out.get(), d_post.get(), d_comb.get(), stream.get(), ticket);
   DSV4_CUDA_CHECK_LAUNCH();
   return {d_out.download(stream.get()), d_post.download(stream.get()), d_comb.download(stream.get())};
 }
@@ -234,7 +234,7 @@ TEST(HyperConnectionPre, MatchesCpu) {
 
 // hc_head on the GPU (with a norm when given one); the output and the scratch poisoned first.
 std::vector<uint16_t> gpu_hc_head(const std::vector<uint16_t>& X, int64_t T, int hc, int D, const HcWeights& w,
-                                  const std::vector<uint16_t>* norm = nullptr) {
+                                  const std::vector<uint16_t>* norm = nullptr, unsigned* ticket = nullptr) {
   Stream stream;
   DeviceMixInputs in(X, w, norm, D, stream.get());
   DeviceBuffer<uint16_t> d_out(size_t(T * D));
@@ -242,7 +242,7 @@ std::vector<uint16_t> gpu_hc_head(const std::vector<uint16_t>& X, int64_t T, int
   d_out.fill_bytes(0xff, stream.get());
   d_partials.fill_bytes(0xff, stream.get());
   hc_head(in.X.get(), T, hc, D, in.fn.get(), in.base.get(), in.scale.get(), kNormEps, kHcEps, d_partials.get(),
-          norm ? in.norm.get() : nullptr, d_out.get(), stream.get());
+          norm ? in.norm.get() : nullptr, d_out.get(), stream.get(), ticket);
   DSV4_CUDA_CHECK_LAUNCH();
   return d_out.download(stream.get());
 }
@@ -360,7 +360,7 @@ TEST(HyperConnectionPost, MatchesCpuBitExact) {
 
 // hc_post_pre against hc_post then hc_pre on the GPU (each held to the CPU above): the same state
 // written out and the same x_in, post and comb, bit for bit. Every output poisoned first.
-void check_hc_post_pre(int64_t T, int D, bool with_norm) {
+void check_hc_post_pre(int64_t T, int D, bool with_norm, unsigned* ticket = nullptr) {
   const int hc = 4;
   const std::vector<uint16_t> X = random_streams(T, hc, D);
   std::vector<uint16_t> y(static_cast<size_t>(T * D));
@@ -389,14 +389,15 @@ void check_hc_post_pre(int64_t T, int D, bool with_norm) {
   d_partials.fill_bytes(0xff, stream.get());
   hc_post_pre(d_y.get(), in.X.get(), d_post_in.get(), d_comb_in.get(), T, hc, D, d_Xa2.get(), in.fn.get(), in.base.get(),
               in.scale.get(), 20, kNormEps, kHcEps, d_partials.get(), n, d_out2.get(), d_post2.get(), d_comb2.get(),
-              stream.get());
+              stream.get(), ticket);
   DSV4_CUDA_CHECK_LAUNCH();
   const auto bits = [](const std::vector<float>& v) {
     std::vector<uint32_t> u(v.size());
     std::memcpy(u.data(), v.data(), v.size() * 4);
     return u;
   };
-  const std::string what = "hc_post_pre T " + std::to_string(T) + " D " + std::to_string(D) + (with_norm ? " normed" : "");
+  const std::string what = "hc_post_pre T " + std::to_string(T) + " D " + std::to_string(D) + (with_norm ? " normed" : "") +
+                           (ticket ? " (one launch)" : "");
   EXPECT_TRUE(d_Xa2.download(stream.get()) == d_Xa.download(stream.get())) << what << ": the state";
   EXPECT_TRUE(d_out2.download(stream.get()) == d_out.download(stream.get())) << what << ": x_in";
   EXPECT_TRUE(bits(d_post2.download(stream.get())) == bits(d_post.download(stream.get()))) << what << ": post";
@@ -411,6 +412,42 @@ TEST(HyperConnectionPostPre, SameBitsAsPostThenPre) {
   }
 }
 
+// The decode form (a ticket: partial sums and the finishing work in one launch, for up to 2 rows) gives
+// the bits of the two launches, launch after launch (each leaves its ticket zeroed for the next), and
+// the fused hc_post_pre those of hc_post then hc_pre.
+unsigned ticket_value(const DeviceBuffer<unsigned>& ticket) { return ticket.download()[0]; }
+
+TEST(HyperConnectionFused, SameBitsAsTwoLaunches) {
+  DeviceBuffer<unsigned> ticket(1);
+  ticket.fill_bytes(0);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // (the tests' streams do not wait for the default one)
+  const int hc = 4;
+  for (const auto& [D, T] : std::vector<std::pair<int, int>>{{4096, 1}, {4096, 2}, {128, 1}, {128, 2}, {8192, 1}, {68, 2}}) {
+    const std::vector<uint16_t> X = random_streams(T, hc, D), norm = random_norm(D);
+    const HcWeights w = random_weights((2 + hc) * hc, hc * D, 3), wh = random_weights(hc, hc * D, 1);
+    for (bool with_norm : {false, true}) {
+      if (with_norm && D % 8) continue;  // (a norm needs 8-channel chunks)
+      const std::vector<uint16_t>* n = with_norm ? &norm : nullptr;
+      const std::string what = "T " + std::to_string(T) + " D " + std::to_string(D) + (with_norm ? " normed" : "");
+      const HcPreResult two = gpu_hc_pre(X, T, hc, D, w, 20, n);
+      for (int launch = 0; launch < 2; ++launch) {
+        const HcPreResult one = gpu_hc_pre(X, T, hc, D, w, 20, n, ticket.get());
+        EXPECT_EQ(one.out, two.out) << "hc_pre x_in, " << what << ", launch " << launch;
+        EXPECT_EQ(0, std::memcmp(one.post.data(), two.post.data(), two.post.size() * 4)) << "hc_pre post, " << what;
+        EXPECT_EQ(0, std::memcmp(one.comb.data(), two.comb.data(), two.comb.size() * 4)) << "hc_pre comb, " << what;
+        EXPECT_EQ(ticket_value(ticket), 0u) << what;
+      }
+      EXPECT_EQ(gpu_hc_head(X, T, hc, D, wh, n, ticket.get()), gpu_hc_head(X, T, hc, D, wh, n)) << "hc_head, " << what;
+      EXPECT_EQ(ticket_value(ticket), 0u) << what;
+      check_hc_post_pre(T, D, with_norm, ticket.get());
+      EXPECT_EQ(ticket_value(ticket), 0u) << what;
+    }
+  }
+  // Rows past the decode form's take the two launches, with the ticket given or not.
+  check_hc_post_pre(5, 4096, true, ticket.get());
+  EXPECT_EQ(ticket_value(ticket), 0u);
+}
+
 TEST(HyperConnectionSanitizer, Small) {
   check_hc_pre(3, 4, 128, 20);
   check_hc_pre(2, 4, 64, 3);
@@ -422,6 +459,11 @@ TEST(HyperConnectionSanitizer, Small) {
   const std::vector<uint16_t> X = random_streams(3, 4, 256), norm = random_norm(256);
   const HcPreResult normed = gpu_hc_pre(X, 3, 4, 256, random_weights(24, 1024, 3), 20, &norm);  // the fused norm
   EXPECT_EQ(normed.out.size(), 3u * 256);
+  DeviceBuffer<unsigned> ticket(1);  // the one-launch decode form
+  ticket.fill_bytes(0);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  check_hc_post_pre(2, 256, true, ticket.get());
+  EXPECT_EQ(gpu_hc_pre(X, 2, 4, 256, random_weights(24, 1024, 3), 20, &norm, ticket.get()).out.size(), 2u * 256);
 }
 
 }  // namespace

@@ -14,6 +14,7 @@
 #include "backend/cpu/moe_fp4_reference.h"
 #include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/moe_fp4.h"
+#include "backend/cuda/row_ops.h"
 #include "core/dtypes.h"
 #include "moe_fp4_test_data.h"
 
@@ -119,6 +120,27 @@ void check_layer(const MoeFp4Shape& shape, int k, const std::vector<int>& token_
                                    with_shared ? d_shared.get() : nullptr, d_out.get(), ws, stream.get(),
                                    MoeActivationNumerics::Fp8);
         const std::vector<uint16_t> fp8_out = d_out.download(stream.get());
+        if (path == cuda::MoeFp4Path::W4A16Decode) {
+          // The decode path rounds the SwiGLU outputs inside its gate-up launch (a ticket per 128
+          // channels): every routed pair's row must be on the FP8 grid already — rounding it again
+          // (fp8_simulate_activations, idempotent) changes no bit — and hold no poison.
+          std::vector<uint16_t> hidden = ws.hidden_act.download(stream.get());
+          hidden.resize(hidden_elems);
+          DeviceBuffer<uint16_t> again(hidden.size());
+          again.upload(hidden, stream.get());
+          cuda::fp8_simulate_activations(again.get(), int64_t(tokens) * k, shape.inter, stream.get());
+          const std::vector<uint16_t> rounded = again.download(stream.get());
+          size_t off_grid = 0, poisoned = 0;
+          for (size_t p = 0; p < routing.ids.size(); ++p) {
+            if (routing.ids[p] < 0 || routing.ids[p] >= shape.experts) continue;
+            for (size_t c = p * shape.inter; c < (p + 1) * shape.inter; ++c) {
+              off_grid += hidden[c] != rounded[c];
+              poisoned += hidden[c] == 0xffff;
+            }
+          }
+          EXPECT_EQ(off_grid, 0u) << "tokens " << tokens << " " << name << ": SwiGLU outputs off the FP8 grid";
+          EXPECT_EQ(poisoned, 0u) << "tokens " << tokens << " " << name;
+        }
         const ErrorStats g = compare(fp8_out, ref_fp8);
         std::printf("    FP8-grid activations: rel L2 %.2e against the FP8 twin (bound %.2e), NaN %zu\n", g.rel_l2,
                     kW4A8EndToEndBound, g.nans);

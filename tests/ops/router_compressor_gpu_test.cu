@@ -20,6 +20,7 @@
 #include "backend/cpu/cpu_backend.h"
 #include "backend/cuda/compressor.h"
 #include "backend/cuda/cuda_utils.h"
+#include "backend/cuda/moe_fp4.h"
 #include "backend/cuda/router.h"
 #include "core/dtypes.h"
 #include "gpu_test_rng.h"
@@ -134,6 +135,107 @@ TEST(RouteTopk, FlashShapes) {
   for (auto mode : {RouteMode::Learned, RouteMode::Hash})
     for (int64_t T : {1, 2, 64}) check_route(mode, T, 256, 6, 4096);
   check_route(RouteMode::Learned, 33, 200, 8, 256);  // E not a multiple of 32
+}
+
+// The router and the pairs' grouping in one launch (moe_route_topk_pairs, a decode step's up to 4
+// tokens) against route_topk then moe_route_pairs: the same ids and weights bit for bit, the same
+// slots, and each slot the same pairs (their order inside a slot follows atomics in both). Every
+// output poisoned first.
+void check_route_group(RouteMode mode, int T, int E, int k, bool with_passes) {
+  std::normal_distribution<float> nd(0.f, 1.5f);
+  std::vector<float> logits(size_t(T) * E), bias(static_cast<size_t>(E));
+  for (auto& v : logits) v = nd(rng());
+  for (auto& v : bias) v = nd(rng()) * 0.3f;
+  if (E > 1) logits[1] = logits[0];  // an exact tie: the lower id first, in both
+  const int vocab = 97;
+  std::vector<int32_t> table(size_t(vocab) * k), token_ids(static_cast<size_t>(T));
+  for (int v = 0; v < vocab; ++v) {
+    std::vector<int32_t> perm(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) perm[size_t(e)] = e;
+    std::shuffle(perm.begin(), perm.end(), rng());
+    std::copy_n(perm.begin(), k, table.begin() + size_t(v) * k);
+  }
+  for (auto& t : token_ids) t = int32_t(rng()() % vocab);
+  Stream stream;
+  DeviceBuffer<float> d_logits(logits.size()), d_bias(bias.size());
+  DeviceBuffer<int32_t> d_table(table.size()), d_tok(token_ids.size());
+  d_logits.upload(logits, stream.get());
+  d_bias.upload(bias, stream.get());
+  d_table.upload(table, stream.get());
+  d_tok.upload(token_ids, stream.get());
+  const float* b = mode == RouteMode::Learned ? d_bias.get() : nullptr;
+  const int32_t* h = mode == RouteMode::Hash ? d_table.get() : nullptr;
+  const MoeFp4Shape shape{MoeFp4Format::Mxfp4, E, 128, 128, 0.f};
+  struct Result {
+    std::vector<int32_t> ids, active, slot_expert, slot_begin, slot_count, sorted, pass_total, pass_expert, pass_begin,
+        pass_rows;
+    std::vector<float> w;
+  };
+  const auto run = [&](bool one_launch) {
+    MoeWorkspace ws(shape, 16, k);
+    DeviceBuffer<int32_t> ids(size_t(T) * k);
+    DeviceBuffer<float> w(size_t(T) * k);
+    for (auto* buf : {&ids, &ws.active_count, &ws.slot_expert, &ws.slot_begin, &ws.slot_count, &ws.sorted_pairs,
+                      &ws.pass_total, &ws.pass_expert, &ws.pass_begin, &ws.pass_rows})
+      buf->fill_bytes(0xff, stream.get());
+    w.fill_bytes(0xff, stream.get());
+    if (one_launch) {
+      EXPECT_TRUE(moe_route_topk_pairs(d_logits.get(), b, h, d_tok.get(), T, E, k, 1.5f, ids.get(), w.get(), E,
+                                       with_passes, ws, stream.get()));
+    } else {
+      route_topk(d_logits.get(), b, h, d_tok.get(), T, E, k, 1.5f, ids.get(), w.get(), stream.get());
+      moe_route_pairs(ids.get(), T, k, E, with_passes, ws, stream.get());
+    }
+    DSV4_CUDA_CHECK_LAUNCH();
+    Result r{ids.download(stream.get()), ws.active_count.download(stream.get()), ws.slot_expert.download(stream.get()),
+             ws.slot_begin.download(stream.get()), ws.slot_count.download(stream.get()),
+             ws.sorted_pairs.download(stream.get()), ws.pass_total.download(stream.get()),
+             ws.pass_expert.download(stream.get()), ws.pass_begin.download(stream.get()),
+             ws.pass_rows.download(stream.get()), w.download(stream.get())};
+    return r;
+  };
+  const Result two = run(false), one = run(true);
+  const std::string what = "T " + std::to_string(T) + " E " + std::to_string(E) + " k " + std::to_string(k) +
+                           (mode == RouteMode::Hash ? " hash" : mode == RouteMode::Learned ? " learned+bias" : " learned") +
+                           (with_passes ? " passes" : "");
+  EXPECT_EQ(one.ids, two.ids) << what;
+  EXPECT_EQ(0, std::memcmp(one.w.data(), two.w.data(), two.w.size() * 4)) << what;
+  ASSERT_EQ(one.active, two.active) << what;
+  const int active = two.active[0];
+  EXPECT_GE(active, 1) << what;
+  EXPECT_EQ(one.slot_expert, two.slot_expert) << what;  // active slots, then −1 up to E
+  for (int s = 0; s < active; ++s) {
+    EXPECT_EQ(one.slot_begin[size_t(s)], two.slot_begin[size_t(s)]) << what;
+    EXPECT_EQ(one.slot_count[size_t(s)], two.slot_count[size_t(s)]) << what;
+    const auto first = size_t(two.slot_begin[size_t(s)]), last = first + size_t(two.slot_count[size_t(s)]);
+    std::vector<int32_t> a(one.sorted.begin() + first, one.sorted.begin() + last);
+    std::vector<int32_t> c(two.sorted.begin() + first, two.sorted.begin() + last);
+    std::sort(a.begin(), a.end());
+    std::sort(c.begin(), c.end());
+    EXPECT_EQ(a, c) << what << ", slot " << s;
+  }
+  if (with_passes) {
+    ASSERT_EQ(one.pass_total, two.pass_total) << what;
+    for (int p = 0; p < two.pass_total[0]; ++p) {
+      EXPECT_EQ(one.pass_expert[size_t(p)], two.pass_expert[size_t(p)]) << what;
+      EXPECT_EQ(one.pass_begin[size_t(p)], two.pass_begin[size_t(p)]) << what;
+      EXPECT_EQ(one.pass_rows[size_t(p)], two.pass_rows[size_t(p)]) << what;
+    }
+  }
+}
+
+TEST(RouteGroupOneLaunch, SameAsRouteThenGroup) {
+  for (auto mode : {RouteMode::Learned, RouteMode::LearnedNoBias, RouteMode::Hash})
+    for (int T : {1, 2, 3, 4}) {
+      check_route_group(mode, T, 256, 6, false);
+      check_route_group(mode, T, 8, 6, T == 3);
+      check_route_group(mode, T, 200, 8, false);  // E not a multiple of 32
+    }
+  // Past its rows it enqueues nothing and says so.
+  Stream stream;
+  MoeWorkspace ws(MoeFp4Shape{MoeFp4Format::Mxfp4, 8, 128, 128, 0.f}, 16, 6);
+  EXPECT_FALSE(moe_route_topk_pairs(nullptr, nullptr, nullptr, nullptr, kFusedRouteTokens + 1, 8, 6, 1.f, nullptr,
+                                    nullptr, 8, false, ws, stream.get()));
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -280,6 +382,8 @@ TEST(Compressor, Ratio128) {
 }
 
 TEST(RouterCompressorSanitizer, Small) {
+  check_route_group(RouteMode::Learned, 2, 8, 6, true);
+  check_route_group(RouteMode::Hash, 4, 256, 6, false);
   check_route(RouteMode::Learned, 5, 8, 6, 128);
   check_route(RouteMode::Hash, 3, 40, 6, 128);
   check_compressor(4, 64, {5, 3});

@@ -17,7 +17,7 @@ Routing CpuBackend::route(const Tensor& x, const MoeWeights& w, const Tensor& to
   const int E = w.n_routed ? w.n_routed : int(w.experts.size());  // expert parallelism binds only some experts
   const int D = int(x.numel() / T);
   Tensor logits = linear_f32(x, w.gate, E, D);
-  Routing r{alloc(DType::I32, {T, k}), alloc(DType::F32, {T, k})};
+  Routing r{alloc(DType::I32, {T, k}), alloc(DType::F32, {T, k}), nullptr};
   for (int64_t t = 0; t < T; ++t) {
     std::vector<float> aff(static_cast<size_t>(E)), sel(static_cast<size_t>(E));
     for (int e = 0; e < E; ++e) {

@@ -103,8 +103,16 @@ CudaBackend::CudaBackend(int device) : device_(device), memory_(std::make_shared
     if (v != "0" && v != "1") fail("DSV4_BRANCHES={}: expected 1 (branches beside the stream) or 0 (in line)", v);
     branches_ = v == "1";
   }
+  if (const char* p = std::getenv("DSV4_ONE_LAUNCH")) {
+    const std::string v = p;
+    if (v != "0" && v != "1")
+      fail("DSV4_ONE_LAUNCH={}: expected 1 (decode rows: hc mixes and routing with grouping in one launch each) or 0 (two)", v);
+    one_launch_ = v == "1";
+  }
   // Created here, never inside a recording: the handle and its workspace are allocations.
   if (linear_mode_ != LinearPathMode::Kernel) gemm_ = std::make_unique<LinearGemm>();
+  hc_ticket_ = DeviceBuffer<unsigned>(1);
+  hc_ticket_.fill_bytes(0, stream_.get());
 }
 
 CudaBackend::~CudaBackend() {
@@ -533,7 +541,7 @@ Tensor CudaBackend::hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mu
   Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), false)});
   cuda::hc_pre(X.ptr<uint16_t>(), T, hc_mult, int(D), hc.fn, hc.base, hc.scale, iters, norm_eps, hc_eps,
                partials.ptr<float>(), fused ? norm : nullptr, out.ptr<uint16_t>(), post->ptr<float>(),
-               comb->ptr<float>(), stream());
+               comb->ptr<float>(), stream(), hc_ticket());
   return norm && !fused ? rms_norm(out, norm, norm_eps) : out;
 }
 
@@ -562,7 +570,8 @@ Tensor CudaBackend::hc_post_pre(const Tensor& y, const Tensor& X, Tensor* Xa, co
   Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), false)});
   cuda::hc_post_pre(y.ptr<uint16_t>(), X.ptr<uint16_t>(), post->ptr<float>(), comb->ptr<float>(), T, hc_mult, int(D),
                     Xa->ptr<uint16_t>(), hc.fn, hc.base, hc.scale, iters, norm_eps, hc_eps, partials.ptr<float>(),
-                    fused ? norm : nullptr, out.ptr<uint16_t>(), new_post.ptr<float>(), new_comb.ptr<float>(), stream());
+                    fused ? norm : nullptr, out.ptr<uint16_t>(), new_post.ptr<float>(), new_comb.ptr<float>(), stream(),
+                    hc_ticket());
   *post = std::move(new_post);
   *comb = std::move(new_comb);
   return norm && !fused ? rms_norm(out, norm, norm_eps) : out;
@@ -577,7 +586,7 @@ Tensor CudaBackend::hc_head(const Tensor& X, const HyperConnection& hc, int hc_m
   const bool fused = norm && cuda::hc_norm_fits(int(D), X.ptr<uint16_t>(), out.ptr<uint16_t>(), norm);
   Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), true)});
   cuda::hc_head(X.ptr<uint16_t>(), T, hc_mult, int(D), hc.fn, hc.base, hc.scale, norm_eps, hc_eps,
-                partials.ptr<float>(), fused ? norm : nullptr, out.ptr<uint16_t>(), stream());
+                partials.ptr<float>(), fused ? norm : nullptr, out.ptr<uint16_t>(), stream(), hc_ticket());
   return norm && !fused ? rms_norm(out, norm, norm_eps) : out;
 }
 

@@ -212,12 +212,20 @@ class CudaBackend final : public Backend {
   int64_t shared_branch_rows_ = 8;
   bool branches_ = true;  // DSV4_BRANCHES=0: Backend::branch_begin runs the branch in line
   std::shared_ptr<DeviceMemoryPool> memory_;
+  // The hyper-connection mixes' ticket (hyper_connection.h): zeroed once, left zeroed by each launch.
+  DeviceBuffer<unsigned> hc_ticket_;
+  // DSV4_ONE_LAUNCH=0 (A/B runs): a decode step's hc mixes and its routing with the pairs' grouping
+  // take two launches each, as for prefill.
+  bool one_launch_ = true;
+  unsigned* hc_ticket() const { return one_launch_ ? hc_ticket_.get() : nullptr; }
   uint64_t epoch_ = 0;  // recording_epoch: bumped where memory a recording may address is replaced
   std::vector<DeviceBuffer<uint8_t>> weights_;  // placed weights, alive as long as the backend
   std::map<std::tuple<int, int, bool>, std::unique_ptr<SparseMlaPlan>> plans_;  // (query bucket, heads, split)
   std::unique_ptr<IndexerWorkspace> indexer_ws_;
   MoeWorkspace& moe_workspace(const MoeFp4Shape& shape, int tokens, int k);
   MoeFp4Path moe_path(const MoeFp4Shape& shape, int tokens, int k) const;  // the dispatcher's, or DSV4_MOE_PATH's
+  // Whether route() left r's pairs grouped in ws for `path` (Routing::prepared), so the MoE skips it.
+  static bool pairs_grouped(const Routing& r, const MoeWorkspace& ws, MoeFp4Path path);
   // One scratch per expert shape, shared by the layers (they run one after another on the stream).
   std::map<std::tuple<int, int, int, int, int>, std::unique_ptr<MoeWorkspace>> moe_ws_;
   int moe_path_override_ = -1;  // DSV4_MOE_PATH (tests): a forced MoeFp4Path

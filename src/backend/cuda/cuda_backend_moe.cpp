@@ -82,16 +82,43 @@ MoeWorkspace& CudaBackend::moe_workspace(const MoeFp4Shape& shape, int tokens, i
   return *ws;
 }
 
+namespace {
+// Routing::prepared on this backend: the pairs are grouped in `ws` as `path` reads them.
+struct GroupedPairs {
+  const MoeWorkspace* ws;
+  MoeFp4Path path;
+};
+}  // namespace
+
+bool CudaBackend::pairs_grouped(const Routing& r, const MoeWorkspace& ws, MoeFp4Path path) {
+  const auto* g = static_cast<const GroupedPairs*>(r.prepared.get());
+  return g && g->ws == &ws && g->path == path;
+}
+
 Routing CudaBackend::route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) {
   const int64_t T = x.rows();
   const int E = w.n_routed ? w.n_routed : int(w.experts.size());  // expert parallelism binds only some experts
   const int D = int(x.numel() / std::max<int64_t>(T, 1));
   Tensor logits = linear_f32(x, w.gate, E, D);
-  Routing r{alloc(DType::I32, {T, k}), alloc(DType::F32, {T, k})};
+  Routing r{alloc(DType::I32, {T, k}), alloc(DType::F32, {T, k}), nullptr};
   if (!T) return r;
   DSV4_CHECK(!w.hash_table || token_ids.numel() == T, "route: {} token ids for {} rows", token_ids.numel(), T);
-  route_topk(logits.ptr<float>(), w.bias, w.hash_table, w.hash_table ? token_ids.ptr<int32_t>() : nullptr, T, E, k, route_scale,
-             r.ids.ptr<int32_t>(), r.weights.ptr<float>(), stream());
+  const int32_t* ids_in = w.hash_table ? token_ids.ptr<int32_t>() : nullptr;
+  // A decode step's few tokens: the pairs grouped for the MoE kernels in the router's launch (one
+  // dependent launch fewer), where this rank holds every expert (the grouping is by global id).
+  if (one_launch_ && w.prepared && T <= kFusedRouteTokens && int(w.experts.size()) == E && w.expert_begin == 0) {
+    const MoeFp4Shape& shape = static_cast<const PreparedExperts*>(w.prepared.get())->weights.shape();
+    const MoeFp4Path path = moe_path(shape, int(T), k);
+    MoeWorkspace& ws = moe_workspace(shape, int(T), k);
+    if (moe_route_topk_pairs(logits.ptr<float>(), w.bias, w.hash_table, ids_in, int(T), E, k, route_scale,
+                             r.ids.ptr<int32_t>(), r.weights.ptr<float>(), shape.experts,
+                             path == MoeFp4Path::W4A16Stream, ws, stream())) {
+      r.prepared = std::make_shared<GroupedPairs>(GroupedPairs{&ws, path});
+      return r;
+    }
+  }
+  route_topk(logits.ptr<float>(), w.bias, w.hash_table, ids_in, T, E, k, route_scale, r.ids.ptr<int32_t>(),
+             r.weights.ptr<float>(), stream());
   return r;
 }
 
@@ -170,7 +197,7 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeig
   Tensor ys = shared_expert_beside(x, in, w.shared, swiglu_limit, false, keep);
   const uint16_t* x_fp8 = in.values.data ? in.values.ptr<uint16_t>() : nullptr;
   moe_fp4_experts(path, mw, x.ptr<uint16_t>(), x_fp8, int(T), r.ids.ptr<int32_t>(), r.weights.ptr<float>(), k, nullptr,
-                  ws, stream(), MoeActivationNumerics::Fp8);
+                  ws, stream(), MoeActivationNumerics::Fp8, pairs_grouped(r, ws, path));
   join_side();
   cuda::moe_combine(ws.expert_out.get(), r.ids.ptr<int32_t>(), int(T), k, mw.shape().experts, mw.shape().hidden,
                     ys.ptr<uint16_t>(), out.ptr<uint16_t>(), stream());
@@ -199,7 +226,8 @@ Tensor CudaBackend::moe_expert_partials(const Tensor& x, const Routing& r, const
   Tensor ys = shared_expert_beside(x, in, w.shared, swiglu_limit, true, keep);
   const uint16_t* x_fp8 = in.values.data ? in.values.ptr<uint16_t>() : nullptr;
   moe_fp4_experts(path, mw, x.ptr<uint16_t>(), x_fp8, int(T), local_ids.ptr<int32_t>(), r.weights.ptr<float>(), k,
-                  out.ptr<float>(), ws, stream(), MoeActivationNumerics::Fp8);
+                  out.ptr<float>(), ws, stream(), MoeActivationNumerics::Fp8,
+                  local_ids.data == r.ids.data && pairs_grouped(r, ws, path));
   join_side();
   moe_partials_finish(local_ids.ptr<int32_t>(), int(T), k, local, mw.shape().hidden, ys.ptr<float>(), out.ptr<float>(),
                       stream());

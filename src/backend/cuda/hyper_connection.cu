@@ -122,7 +122,7 @@ struct PostSource {
 
 // The 4 channels of chunk q (flattened over the hc streams) of token t, as hc_post computes them.
 template <int HC>
-__device__ __forceinline__ uint2 posted_chunk(const PostSource& p, int64_t t, int q) {
+__device__ __forceinline__ uint2 posted_chunk(const PostSource& p, int64_t t, int q, bool write = true) {
   const int c = 4 * q, b = c / p.D, d = c % p.D;
   const uint16_t* xt = p.X + t * HC * p.D + d;
   float x[HC][4];
@@ -145,7 +145,7 @@ __device__ __forceinline__ uint2 posted_chunk(const PostSource& p, int64_t t, in
     h[e] = bf16_bits(__fadd_rn(__fmul_rn(pb, y[e]), mixed));
   }
   const uint2 v = make_uint2(uint32_t(h[0]) | uint32_t(h[1]) << 16, uint32_t(h[2]) | uint32_t(h[3]) << 16);
-  reinterpret_cast<uint2*>(p.out + t * HC * p.D)[q] = v;
+  if (write) reinterpret_cast<uint2*>(p.out + t * HC * p.D)[q] = v;
   return v;
 }
 
@@ -237,6 +237,14 @@ __device__ __forceinline__ float slice_sum(const float* token_partials, int slic
   return warp_sum(s);
 }
 
+// The same sums for a block that reads partials other blocks of its own grid wrote (through L2).
+template <int NV>
+__device__ __forceinline__ float slice_sum_cg(const float* token_partials, int slices, int j, int lane) {
+  float s = 0;
+  for (int k = lane; k < slices; k += 32) s += __ldcg(token_partials + k * NV + j);
+  return warp_sum(s);
+}
+
 
 // x_in = bf(Σ_j pre[j]·X[j]) of one token, accumulated from 0 in stream order as the CPU; 4 channels
 // a thread, the block being the part-th of blocks_per_token.
@@ -275,20 +283,26 @@ struct NormedRows {
       if (c < D / 8) w[i] = reinterpret_cast<const uint4*>(norm)[c];
     }
   }
+  // kL2: streams other blocks of this grid wrote, read through L2.
+  template <bool kL2 = false>
   __device__ __forceinline__ void load_streams(const uint16_t* xt, int D) {
 #pragma unroll
     for (int i = 0; i < kNormChunks; ++i) {
       const int c = threadIdx.x + i * kThreads;
 #pragma unroll
       for (int j = 0; j < HC; ++j)
-        if (c < D / 8) x[i][j] = reinterpret_cast<const uint4*>(xt + j * D)[c];
+        if (c < D / 8) {
+          const uint4* p = reinterpret_cast<const uint4*>(xt + j * D) + c;
+          x[i][j] = kL2 ? __ldcg(p) : *p;
+        }
     }
   }
 };
 
-template <int HC>
+// `sum` is the sum over the kThreads threads that call it (block_sum, or the fused form's named barrier).
+template <int HC, typename Sum>
 __device__ __forceinline__ void x_in_normed(const NormedRows<HC>& rows, const float* pre, int D, float norm_eps,
-                                            uint16_t* yt) {
+                                            uint16_t* yt, Sum sum) {
   __shared__ uint4 x_in[kMaxNormWidth / 8];
   float ss = 0;
 #pragma unroll
@@ -313,7 +327,7 @@ __device__ __forceinline__ void x_in_normed(const NormedRows<HC>& rows, const fl
     x_in[c] = chunk;
     ss = add_squares8(chunk, ss);
   }
-  const float rs = rms_inverse(block_sum(ss), D, norm_eps);  // (block_sum's barrier also publishes x_in)
+  const float rs = rms_inverse(sum(ss), D, norm_eps);  // (the sum's barrier also publishes x_in)
 #pragma unroll
   for (int i = 0; i < kNormChunks; ++i) {
     const int c = threadIdx.x + i * kThreads;
@@ -379,8 +393,164 @@ __global__ void __launch_bounds__(kThreads)
   __syncwarp();
   if (warp == 0) token_pre_post<HC>(mix[0], base, scale, hc_eps, lane, pre[0], nullptr);
   __syncthreads();
-  if constexpr (kNorm) x_in_normed<HC>(rows, pre[0], D, norm_eps, out + t * D);
+  if constexpr (kNorm) x_in_normed<HC>(rows, pre[0], D, norm_eps, out + t * D, [](float v) { return block_sum(v); });
   else x_in_plain<HC>(X + t * width, pre[0], D, part, blocks_per_token, out + t * D);
+}
+
+// The decode form: both launches in one, for up to kFusedRows tokens. Block s computes slice s's
+// partial sums as hc_mix_partials_kernel does (each warp a third of the 24 mixes: the same lanes,
+// chunks and order, so the same bits), and the last block to finish (a ticket) runs the finishing
+// work: warps 0 … 7 x_in (and the norm) token by token as the finishing block does, a warp per token
+// beside them the post mixes and the Sinkhorn. Why: at one token each launch of the pair was a
+// dependent round of ~5 µs for ~64 KB of data; the second launch's wait for the first was most of
+// the hyper-connections' share of a decode step. The weights are loaded into registers before the
+// programmatic wait (they do not depend on the kernels before).
+constexpr int kFusedRows = 2;
+constexpr int kFusedThreads = kThreads + 32 * kFusedRows;
+
+// Sum over the kThreads threads of warps 0 … kWarps − 1 (the fused form's x_in warps), in block_sum's
+// order, with a named barrier that the Sinkhorn warps do not take part in.
+__device__ __forceinline__ void x_warps_sync() { asm volatile("bar.sync 1, %0;\n" ::"n"(kThreads) : "memory"); }
+__device__ __forceinline__ float x_warps_sum(float v) {
+  __shared__ float warp_sums[kWarps];
+  v = warp_sum(v);
+  if (threadIdx.x % 32 == 0) warp_sums[threadIdx.x / 32] = v;
+  x_warps_sync();
+  float total = 0;
+#pragma unroll
+  for (int w = 0; w < kWarps; ++w) total += warp_sums[w];
+  return total;
+}
+
+template <int NMix, bool kPost, bool kNorm>
+__global__ void __launch_bounds__(kFusedThreads)
+    hc_mix_fused_kernel(const uint16_t* __restrict__ X, int T, int D, const float* __restrict__ fn, int slices,
+                        float* __restrict__ partials, const PostSource post_source, const float* __restrict__ base,
+                        const float* __restrict__ scale, int iters, float norm_eps, float hc_eps,
+                        const uint16_t* __restrict__ norm, uint16_t* __restrict__ out, float* __restrict__ post,
+                        float* __restrict__ comb, unsigned* ticket) {
+  constexpr int HC = 4, NV = NMix + 1;
+  constexpr int kPerWarp = (NMix + kWarps - 1) / kWarps;  // mixes a warp computes
+  constexpr int kChunks = kSliceChunks / 32;                // float4 chunks of the slice a lane takes
+  const int s = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int width = HC * D, chunks = width / 4, first = s * kSliceChunks, j0 = warp * kPerWarp;
+  float4 f[kChunks][kPerWarp];
+  if (warp < kWarps) {
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int q = first + c * 32 + lane;
+#pragma unroll
+      for (int i = 0; i < kPerWarp; ++i)
+        f[c][i] = q < chunks && j0 + i < NMix ? reinterpret_cast<const float4*>(fn + int64_t(j0 + i) * width)[q]
+                                              : make_float4(0, 0, 0, 0);
+    }
+  }
+  NormedRows<HC> rows;
+  if constexpr (kNorm)
+    if (warp < kWarps) rows.load_weight(norm, D);
+  pdl_wait();
+  pdl_launch_dependents();
+  if (warp < kWarps) {
+    float acc[kFusedRows][kPerWarp], ss[kFusedRows];
+#pragma unroll
+    for (int k = 0; k < kFusedRows; ++k) {
+      ss[k] = 0;
+#pragma unroll
+      for (int i = 0; i < kPerWarp; ++i) acc[k][i] = 0;
+    }
+    // hc_mix_partials_kernel's loop: per (token, mix) the same products in the same order.
+#pragma unroll
+    for (int c = 0; c < kChunks; ++c) {
+      const int q = first + c * 32 + lane;
+      if (q >= chunks) continue;
+      float v[kFusedRows][4];
+#pragma unroll
+      for (int k = 0; k < kFusedRows; ++k) {
+        uint2 raw = make_uint2(0, 0);
+        if constexpr (kPost) {
+          if (k < T) raw = posted_chunk<HC>(post_source, k, q, warp == 0);  // one warp writes the state
+        } else {
+          if (k < T) raw = reinterpret_cast<const uint2*>(X + int64_t(k) * width)[q];
+        }
+        v[k][0] = __uint_as_float(raw.x << 16), v[k][1] = __uint_as_float(raw.x & 0xffff0000u);
+        v[k][2] = __uint_as_float(raw.y << 16), v[k][3] = __uint_as_float(raw.y & 0xffff0000u);
+#pragma unroll
+        for (int e = 0; e < 4; ++e) ss[k] = fmaf(v[k][e], v[k][e], ss[k]);
+      }
+#pragma unroll
+      for (int i = 0; i < kPerWarp; ++i)
+#pragma unroll
+        for (int k = 0; k < kFusedRows; ++k)
+          acc[k][i] = fmaf(v[k][0], f[c][i].x, fmaf(v[k][1], f[c][i].y, fmaf(v[k][2], f[c][i].z,
+                           fmaf(v[k][3], f[c][i].w, acc[k][i]))));
+    }
+    // The transposing sum adds each entry only to the same entry of other lanes: entries this warp
+    // does not compute are zeros that change no other entry's bits.
+#pragma unroll
+    for (int k = 0; k < kFusedRows; ++k) {
+      if (k >= T) continue;
+      float v[32];
+#pragma unroll
+      for (int j = 0; j < 32; ++j)
+        v[j] = j >= j0 && j < j0 + kPerWarp && j < NMix ? acc[k][j - j0] : j == NMix ? ss[k] : 0.0f;
+      const float sum = warp_transpose_sum(v, lane);
+      if ((lane >= j0 && lane < j0 + kPerWarp && lane < NMix) || (lane == NMix && warp == 0))
+        partials[(int64_t(k) * slices + s) * NV + lane] = sum;
+    }
+  }
+  // The last block to get here finishes (its ticket is the grid's size − 1) and resets the ticket for
+  // the next launch: every thread's writes are made visible before thread 0 takes one.
+  __shared__ bool last;
+  __threadfence();
+  __syncthreads();
+  if (threadIdx.x == 0) last = atomicAdd(ticket, 1u) == gridDim.x - 1;
+  __syncthreads();
+  if (!last) return;
+  if (threadIdx.x == 0) *ticket = 0;
+  __threadfence();
+
+  __shared__ float sums[HC + 1];
+  __shared__ float mix[kFusedRows][NMix];
+  __shared__ float pre[HC];
+  __shared__ float sink_pre[kFusedRows][HC];  // (the Sinkhorn warps' pre: x_in takes the x_in warps')
+  if (warp >= kWarps) {  // the post mixes and the Sinkhorn of token warp − kWarps (hc_pre only)
+    const int t = warp - kWarps;
+    if (NMix == HC || t >= T) return;
+    const float* tp = partials + int64_t(t) * slices * NV;
+    float v[32];
+#pragma unroll
+    for (int j = 0; j < 32; ++j) v[j] = 0;
+    for (int k = lane; k < slices; k += 32)
+#pragma unroll
+      for (int j = 0; j < NV; ++j) v[j] += __ldcg(tp + k * NV + j);
+    const float sum = warp_transpose_sum(v, lane);
+    const float rs = rms_inverse(__shfl_sync(0xffffffffu, sum, NMix), width, norm_eps);
+    if (lane < NMix) mix[t][lane] = __fmul_rn(sum, rs);
+    __syncwarp();
+    token_pre_post<HC>(mix[t], base, scale, hc_eps, lane, sink_pre[t], post + t * HC);
+    token_comb<HC>(mix[t], base, scale, iters, hc_eps, lane, comb + t * HC * HC);
+    return;
+  }
+  for (int t = 0; t < T; ++t) {  // x_in, token by token, as the finishing block
+    if constexpr (kNorm) rows.template load_streams<true>(X + int64_t(t) * width, D);
+    if (warp <= HC) {
+      const float sum = slice_sum_cg<NV>(partials + int64_t(t) * slices * NV, slices, warp < HC ? warp : NMix, lane);
+      if (lane == 0) sums[warp] = sum;
+    }
+    x_warps_sync();
+    __shared__ float mix0[HC];
+    if (threadIdx.x < HC) mix0[threadIdx.x] = __fmul_rn(sums[threadIdx.x], rms_inverse(sums[HC], width, norm_eps));
+    __syncwarp();
+    if (warp == 0) token_pre_post<HC>(mix0, base, scale, hc_eps, lane, pre, nullptr);
+    x_warps_sync();
+    if constexpr (kNorm) {
+      x_in_normed<HC>(rows, pre, D, norm_eps, out + int64_t(t) * D, [](float v) { return x_warps_sum(v); });
+    } else {
+      // (x_in_plain's loads: X is this grid's output only with kPost, which always comes with a norm here)
+      x_in_plain<HC>(X + int64_t(t) * width, pre, D, 0, 1, out + int64_t(t) * D);
+    }
+    x_warps_sync();  // the shared sums, pre and x_in are re-used by the next token
+  }
 }
 
 // A thread per (token, channel d): blocks_per_token blocks of kThreads channels per token, so one
@@ -449,12 +619,21 @@ void check_mix_operands(const char* op, int64_t T, int hc, int D, const uint16_t
 }
 
 // With source.y (hc_post_pre) the partials kernel computes X (= source.out) from the previous state.
+// With a ticket, up to kFusedRows tokens run in the fused form (one launch).
 template <int HC, int NMix>
 void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const float* base, const float* scale,
                    int iters, float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
-                   float* post, float* comb, cudaStream_t stream, const PostSource& source = {}) {
+                   float* post, float* comb, cudaStream_t stream, unsigned* ticket, const PostSource& source = {}) {
   if (norm && !hc_norm_fits(D, X, out, norm)) fail("hc mixes: a norm over D {} does not fit the finishing block", D);
   const int slices = hc_slices(HC, D), blocks_per_token = hc_blocks_per_token(T, D, norm);
+  // (kPost without a norm reads the state it writes through x_in_plain's plain loads: two launches.)
+  if (ticket && T <= kFusedRows && (norm || !source.y)) {
+    auto kernel = source.y ? (norm ? hc_mix_fused_kernel<NMix, true, true> : hc_mix_fused_kernel<NMix, true, false>)
+                           : (norm ? hc_mix_fused_kernel<NMix, false, true> : hc_mix_fused_kernel<NMix, false, false>);
+    launch_programmatic(kernel, dim3(unsigned(slices)), dim3(kFusedThreads), 0, stream, X, int(T), D, fn, slices,
+                        partials, source, base, scale, iters, norm_eps, hc_eps, norm, out, post, comb, ticket);
+    return;
+  }
   const int groups_per_block = hc_groups_per_block(T);
   const int64_t per_block = int64_t(kWarps) * kTileTokens * groups_per_block;
   auto partials_kernel = source.y ? hc_mix_partials_kernel<NMix, true> : hc_mix_partials_kernel<NMix, false>;
@@ -490,24 +669,24 @@ int64_t hc_mix_scratch_floats(int64_t T, int hc, int D, bool head) {
 
 void hc_pre(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
             int iters, float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
-            float* post, float* comb, cudaStream_t stream) {
+            float* post, float* comb, cudaStream_t stream, unsigned* ticket) {
   check_shape("hc_pre", T, hc, D);
   check_mix_operands("hc_pre", T, hc, D, X, fn, partials);
   if (T == 0) return;
-  launch_hc_mix<4, 24>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, partials, norm, out, post, comb, stream);
+  launch_hc_mix<4, 24>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, partials, norm, out, post, comb, stream, ticket);
 }
 
 void hc_post_pre(const uint16_t* y, const uint16_t* X_prev, const float* post_prev, const float* comb_prev, int64_t T,
                  int hc, int D, uint16_t* X, const float* fn, const float* base, const float* scale, int iters,
                  float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out, float* post,
-                 float* comb, cudaStream_t stream) {
+                 float* comb, cudaStream_t stream, unsigned* ticket) {
   check_shape("hc_post_pre", T, hc, D);
   check_mix_operands("hc_post_pre", T, hc, D, X, fn, partials);
   if (T > kHcPostPreMaxRows) fail("hc_post_pre: {} rows (at most {}; run hc_post, then hc_pre)", T, kHcPostPreMaxRows);
   if (reinterpret_cast<uintptr_t>(X_prev) % 8 || reinterpret_cast<uintptr_t>(y) % 8 || X == X_prev)
     fail("hc_post_pre: y and the previous state 8-byte aligned, the new state apart from the previous one");
   if (T == 0) return;
-  launch_hc_mix<4, 24>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, partials, norm, out, post, comb, stream,
+  launch_hc_mix<4, 24>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, partials, norm, out, post, comb, stream, ticket,
                        PostSource{y, X_prev, post_prev, comb_prev, X, D});
 }
 
@@ -525,12 +704,12 @@ void hc_post(const uint16_t* y, const uint16_t* X, const float* post, const floa
 
 void hc_head(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
              float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
-             cudaStream_t stream) {
+             cudaStream_t stream, unsigned* ticket) {
   check_shape("hc_head", T, hc, D);
   check_mix_operands("hc_head", T, hc, D, X, fn, partials);
   if (T == 0) return;
   launch_hc_mix<4, 4>(X, T, D, fn, base, scale, 0, norm_eps, hc_eps, partials, norm, out, nullptr, nullptr,
-                      stream);
+                      stream, ticket);
 }
 
 }  // namespace dsv4::cuda

@@ -3,7 +3,9 @@
 // f32 rounding points. The one difference: the CPU accumulates the 24 dot products and the sum of
 // squares in double, these in f32 (another order), so the mixes differ by ~1e-7 relative.
 // Every pointer is device memory; bf16 values are uint16_t bit patterns; each function only enqueues
-// on `stream` (graph-capturable). hc_pre / hc_head take hc = 4 (DeepSeek-V4's stream count; see
+// on `stream` (graph-capturable). `ticket` (hc_pre, hc_post_pre, hc_head): null, or a zeroed counter
+// that no other kernel uses meanwhile; with it a decode step's few rows (up to 2) run in one launch
+// instead of two — the same bits — and the counter is zero again when the launch ends. hc_pre / hc_head take hc = 4 (DeepSeek-V4's stream count; see
 // hyper_connection.cu for why no other), D a multiple of 4, X 8-byte and fn 16-byte aligned; hc_post
 // takes hc = 1…4.
 #pragma once
@@ -27,7 +29,7 @@ bool hc_norm_fits(int D, const uint16_t* X, const uint16_t* out, const uint16_t*
 // the bits of row_ops.h rms_norm run after it.
 void hc_pre(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
             int iters, float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
-            float* post, float* comb, cudaStream_t stream);
+            float* post, float* comb, cudaStream_t stream, unsigned* ticket = nullptr);
 
 // CpuBackend::hc_post: out[t,b,:] = bf16(post[t,b]·y[t,:] + Σ_a comb[t,a,b]·X[t,a,:]); y bf16 [T, D],
 // X and out bf16 [T, hc, D] (out must not alias X).
@@ -43,12 +45,12 @@ inline constexpr int64_t kHcPostPreMaxRows = 64;
 void hc_post_pre(const uint16_t* y, const uint16_t* X_prev, const float* post_prev, const float* comb_prev, int64_t T,
                  int hc, int D, uint16_t* X, const float* fn, const float* base, const float* scale, int iters,
                  float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out, float* post,
-                 float* comb, cudaStream_t stream);
+                 float* comb, cudaStream_t stream, unsigned* ticket = nullptr);
 
 // CpuBackend::hc_head: fn f32 [hc, hc·D], base f32 [hc], scale f32 [1]; partials:
 // hc_mix_scratch_floats(T, hc, D, true) floats; out bf16 [T, D]; norm as hc_pre's.
 void hc_head(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
              float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
-             cudaStream_t stream);
+             cudaStream_t stream, unsigned* ticket = nullptr);
 
 }  // namespace dsv4::cuda

@@ -23,9 +23,7 @@
 // runs' f32 sums are added in run order through shared memory (deterministic). splits depends on N
 // and K only, and a row's arithmetic does not depend on the rows beside it: batch-invariant. One
 // launch may carry up to three weights of the same input (Backend::linears), each over its own
-// column groups with its own splits: each output has the bits of its weight launched alone. The
-// weights do not depend on earlier kernels, so each warp asks L2 for its weight lines before the
-// programmatic-launch wait (they stream while the previous kernel finishes).
+// column groups with its own splits: each output has the bits of its weight launched alone.
 //
 // Measured (docs/perf/2026-12-01-fp8-linear-plan-ahead.md): 45–53% of the copy bandwidth for wq_b and
 // wo_b at 1–16 rows (a fixed ~5 µs of the call is the quantisation launch and ramp), then limited by
@@ -117,7 +115,10 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
   const uint8_t* w_lo = w + int64_t(lo_ok ? col0 + g : 0) * K + 16 * t;
   const uint8_t* w_hi = w + int64_t(hi_ok ? col0 + g + 8 : 0) * K + 16 * t;
   const uint8_t* w_run_scale = w_scale + int64_t(min(col0, N - 1) / 128) * kbs;
-  if (t == 0)
+  // From 9 rows the warp asks L2 for its weight lines before the wait (they stream while the previous
+  // kernel finishes). At 1–8 rows that measured 1–3% slower, alone and in the decode step
+  // (docs/perf/2026-12-05-one-launch.md): one tile's warps load their first block at once anyway.
+  if (kTiles > 1 && t == 0)
     for (int kb = kb_begin; kb < kb_end; ++kb) {
       if (lo_ok) prefetch_l2(w_lo + int64_t(kb) * 128);
       if (hi_ok) prefetch_l2(w_hi + int64_t(kb) * 128);

@@ -372,7 +372,7 @@ const char* moe_fp4_path_name(MoeFp4Path path) {
 
 void moe_fp4_experts(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x, const uint16_t* x_fp8, int tokens,
                  const int32_t* topk_ids, const float* topk_weights, int k, float* partials, MoeWorkspace& ws,
-                 cudaStream_t stream, MoeActivationNumerics numerics) {
+                 cudaStream_t stream, MoeActivationNumerics numerics, bool pairs_grouped) {
   const MoeFp4Shape& s = w.shape();
   if (tokens > ws.max_tokens() || k != ws.k())
     fail("moe_fp4_forward: {} tokens × k {} exceed the workspace ({} tokens × k {})", tokens, k, ws.max_tokens(), ws.k());
@@ -380,7 +380,7 @@ void moe_fp4_experts(MoeFp4Path path, const MoeFp4Weights& w, const uint16_t* x,
     fail("moe_fp4_forward: the {} path cannot run here (W4A8: MXFP4 experts on an sm_90 GPU with sm_90a code; "
          "stream: an sm_90+ GPU with shared memory for two ring stages)",
          moe_fp4_path_name(path));
-  moe_route_pairs(topk_ids, tokens, k, s.experts, path == MoeFp4Path::W4A16Stream, ws, stream);
+  if (!pairs_grouped) moe_route_pairs(topk_ids, tokens, k, s.experts, path == MoeFp4Path::W4A16Stream, ws, stream);
   if (path == MoeFp4Path::W4A8) {
     if (ws.act_fp8.size() == 0 || !w.has_w4a8()) fail("moe_fp4_forward: W4A8 needs an MXFP4 layer and workspace");
     run_w4a8(w, x, tokens, topk_weights, k, partials, ws, stream);

@@ -158,16 +158,25 @@ void moe_fp4_partials(MoeFp4Path path, const MoeFp4Weights& weights, const uint1
 // The routing and both GEMMs of the two above, without their last step: each pair's bf16 output in
 // ws.expert_out (partials null), or its f32 output in partials' pair rows. moe_combine or
 // moe_partials_finish then completes the forward or the partials (a caller that computes the shared
-// expert beside the GEMMs adds it there).
+// expert beside the GEMMs adds it there). pairs_grouped: ws already holds topk_ids grouped for this
+// path (moe_route_topk_pairs), so the grouping launch is skipped.
 void moe_fp4_experts(MoeFp4Path path, const MoeFp4Weights& weights, const uint16_t* x, const uint16_t* x_fp8,
                      int tokens, const int32_t* topk_ids, const float* topk_weights, int k, float* partials,
-                     MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics);
+                     MoeWorkspace& ws, cudaStream_t stream, MoeActivationNumerics numerics,
+                     bool pairs_grouped = false);
 
 // Routing-side kernels (moe_routing.cu).
 // Groups the tokens·k pairs by expert into ws (slots, sorted_pairs and, with_passes, the passes the
 // streaming kernel reads); one block, no host sync.
 void moe_route_pairs(const int32_t* topk_ids, int tokens, int k, int experts, bool with_passes, MoeWorkspace& ws,
                      cudaStream_t stream);
+// route_topk (router.h) and moe_route_pairs in one launch, for up to kFusedRouteTokens tokens and E ≤ 256:
+// the ids and weights route_topk gives, grouped into ws as moe_route_pairs groups them. Returns false
+// (nothing enqueued) where it does not apply: the caller runs the two.
+inline constexpr int kFusedRouteTokens = 4;
+bool moe_route_topk_pairs(const float* logits, const float* bias, const int32_t* hash_table, const int32_t* token_ids,
+                          int tokens, int E, int k, float route_scale, int32_t* ids, float* weights, int experts,
+                          bool with_passes, MoeWorkspace& ws, cudaStream_t stream);
 // out[t] = bf( Σ_j expert_out[t·k+j] (in order of expert id) + shared[t] ).
 void moe_combine(const uint16_t* expert_out, const int32_t* topk_ids, int tokens, int k, int experts, int hidden,
                  const uint16_t* shared_or_null, uint16_t* out, cudaStream_t stream);

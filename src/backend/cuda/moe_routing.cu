@@ -11,6 +11,7 @@
 
 #include "backend/cuda/moe_fp4.h"
 #include "backend/cuda/ptx_primitives.cuh"
+#include "backend/cuda/router.cuh"
 #include "core/error.h"
 
 namespace dsv4::cuda {
@@ -19,6 +20,7 @@ namespace {
 constexpr int kRouteThreads = 1024;  // one thread per expert in the scans: E ≤ 1024
 constexpr int kMaxK = 16;  // top-k per token the combine handles (DeepSeek-V4-Flash: 6)
 constexpr int kCombineThreads = 128;
+static_assert(kFusedRouteTokens * router_detail::kMaxExperts == kRouteThreads, "a token per 256 threads");
 
 // Exclusive block-wide prefix sums of two counters at once; returns the totals in *total_a/*total_b.
 __device__ void block_exclusive_scan2(int& a, int& b, int* total_a, int* total_b) {
@@ -47,15 +49,26 @@ __device__ void block_exclusive_scan2(int& a, int& b, int* total_a, int* total_b
   *total_b = warp_b[31];
 }
 
-__global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const int32_t* ids, int pairs, int experts,
-                                                                  int32_t* active_count, int32_t* slot_expert,
-                                                                  int32_t* slot_begin, int32_t* slot_count,
-                                                                  int32_t* sorted_pairs, int pass_cap,
-                                                                  int32_t* pass_total, int32_t* pass_expert,
-                                                                  int32_t* pass_begin, int32_t* pass_rows) {
+// Where the grouping goes (MoeWorkspace's arrays).
+struct PairGroups {
+  int32_t *active_count, *slot_expert, *slot_begin, *slot_count, *sorted_pairs;
+  int pass_cap;
+  int32_t *pass_total, *pass_expert, *pass_begin, *pass_rows;
+};
+
+PairGroups pair_groups(MoeWorkspace& ws, int pass_cap) {
+  return {ws.active_count.get(), ws.slot_expert.get(), ws.slot_begin.get(), ws.slot_count.get(),
+          ws.sorted_pairs.get(),  pass_cap,           ws.pass_total.get(),  ws.pass_expert.get(),
+          ws.pass_begin.get(),    ws.pass_rows.get()};
+}
+
+// The grouping by a block of kRouteThreads threads (ids readable by the whole block).
+__device__ void group_pairs(const int32_t* ids, int pairs, int experts, const PairGroups& g) {
+  int32_t *active_count = g.active_count, *slot_expert = g.slot_expert, *slot_begin = g.slot_begin,
+          *slot_count = g.slot_count, *sorted_pairs = g.sorted_pairs, *pass_total = g.pass_total,
+          *pass_expert = g.pass_expert, *pass_begin = g.pass_begin, *pass_rows = g.pass_rows;
+  const int pass_cap = g.pass_cap;
   __shared__ int count[kRouteThreads], cursor[kRouteThreads];
-  pdl_wait();  // the top-k ids come from the router
-  pdl_launch_dependents();
   const int tid = threadIdx.x;
   count[tid] = 0;
   __syncthreads();
@@ -96,6 +109,36 @@ __global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const int32_t*
     int e = ids[p];
     if (e >= 0 && e < experts) sorted_pairs[atomicAdd(&cursor[e], 1)] = p;
   }
+}
+
+__global__ void __launch_bounds__(kRouteThreads) moe_route_kernel(const int32_t* ids, int pairs, int experts,
+                                                                  const PairGroups groups) {
+  pdl_wait();  // the top-k ids come from the router
+  pdl_launch_dependents();
+  group_pairs(ids, pairs, experts, groups);
+}
+
+// The router and the grouping in one launch, for a decode step's few tokens: token t's affinities by
+// threads [t·256, t·256 + 256), its selection by the first warp of them (router.cuh: route_topk's
+// steps, the same bits), then the grouping by the whole block — one dependent launch fewer on the
+// decode chain than route_topk followed by moe_route_kernel.
+__global__ void __launch_bounds__(kRouteThreads)
+    route_group_kernel(const float* __restrict__ logits, const float* __restrict__ bias,
+                       const int32_t* __restrict__ hash_table, const int32_t* __restrict__ token_ids, int T, int E,
+                       int k, float route_scale, int32_t* ids, float* __restrict__ weights, int experts,
+                       const PairGroups groups) {
+  using namespace router_detail;
+  __shared__ float s_aff[kFusedRouteTokens][kMaxExperts];
+  __shared__ int32_t s_id[kFusedRouteTokens][kMaxExperts];
+  pdl_wait();  // the gate logits
+  pdl_launch_dependents();
+  const int t = threadIdx.x / kMaxExperts, i = threadIdx.x % kMaxExperts;
+  if (t < T) token_affinities(i, logits + int64_t(t) * E, hash_table, token_ids, t, E, k, s_aff[t], s_id[t]);
+  __syncthreads();
+  if (t < T && i < 32)
+    token_select(i, s_aff[t], s_id[t], bias, hash_table != nullptr, E, k, route_scale, ids + t * k, weights + t * k);
+  __syncthreads();  // (the block's global writes are visible to the block after the barrier)
+  group_pairs(ids, T * k, experts, groups);
 }
 
 // Adds 8 bf16 channels to sum.
@@ -225,9 +268,21 @@ void moe_route_pairs(const int32_t* topk_ids, int tokens, int k, int experts, bo
                      cudaStream_t stream) {
   if (experts > kRouteThreads) fail("moe_route_pairs: {} experts (at most {})", experts, kRouteThreads);
   launch_programmatic(moe_route_kernel, dim3(1), dim3(kRouteThreads), 0, stream, topk_ids, tokens * k, experts,
-                      ws.active_count.get(), ws.slot_expert.get(), ws.slot_begin.get(), ws.slot_count.get(),
-                      ws.sorted_pairs.get(), with_passes ? std::min(kMoeMaxPassRows, tokens) : 0, ws.pass_total.get(),
-                      ws.pass_expert.get(), ws.pass_begin.get(), ws.pass_rows.get());
+                      pair_groups(ws, with_passes ? std::min(kMoeMaxPassRows, tokens) : 0));
+}
+
+bool moe_route_topk_pairs(const float* logits, const float* bias, const int32_t* hash_table, const int32_t* token_ids,
+                          int tokens, int E, int k, float route_scale, int32_t* ids, float* weights, int experts,
+                          bool with_passes, MoeWorkspace& ws, cudaStream_t stream) {
+  if (tokens < 1 || tokens > kFusedRouteTokens || E > router_detail::kMaxExperts || experts > kRouteThreads ||
+      tokens > ws.max_tokens() || k != ws.k())
+    return false;
+  if (E <= 0 || k <= 0 || k > E || (hash_table && !token_ids))
+    fail("moe_route_topk_pairs: E {}, k {}{}", E, k, hash_table && !token_ids ? ", hash routing without token ids" : "");
+  launch_programmatic(route_group_kernel, dim3(1), dim3(kRouteThreads), 0, stream, logits, bias, hash_table, token_ids,
+                      tokens, E, k, route_scale, ids, weights, experts,
+                      pair_groups(ws, with_passes ? std::min(kMoeMaxPassRows, tokens) : 0));
+  return true;
 }
 
 void moe_combine(const uint16_t* expert_out, const int32_t* topk_ids, int tokens, int k, int experts, int hidden,
@@ -265,6 +320,7 @@ void moe_local_expert_ids(const int32_t* ids, int64_t n, int begin, int count, i
 
 std::vector<KernelLaunch> moe_routing_kernel_launches() {
   return {{"moe_route_kernel", kRouteThreads, 0},
+          {"route_group_kernel", kRouteThreads, 0},
           {"moe_combine_kernel", kCombineThreads, 0},
           {"moe_combine_partials_kernel", kCombineThreads, 0},
           {"moe_partials_finish_kernel", kCombineThreads, 0},
