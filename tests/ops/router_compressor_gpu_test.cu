@@ -35,6 +35,22 @@ std::mt19937& rng() { return test::fresh_rng("router_compressor_gpu_test"); }
 
 enum class RouteMode { Learned, LearnedNoBias, Hash };
 
+// A hash-routing table (each vocabulary id k distinct experts) and T random token ids.
+struct HashRouting {
+  std::vector<int32_t> table, token_ids;
+};
+HashRouting random_hash_routing(int vocab, int E, int k, int64_t T) {
+  HashRouting h{std::vector<int32_t>(size_t(vocab) * k), std::vector<int32_t>(static_cast<size_t>(T))};
+  for (int v = 0; v < vocab; ++v) {
+    std::vector<int32_t> perm(static_cast<size_t>(E));
+    for (int e = 0; e < E; ++e) perm[size_t(e)] = e;
+    std::shuffle(perm.begin(), perm.end(), rng());
+    std::copy_n(perm.begin(), k, h.table.begin() + size_t(v) * k);
+  }
+  for (auto& t : h.token_ids) t = int32_t(rng()() % vocab);
+  return h;
+}
+
 void check_route(RouteMode mode, int64_t T, int E, int k, int D) {
   CpuBackend cpu;
   std::normal_distribution<float> nd(0.f, 1.f);
@@ -46,15 +62,9 @@ void check_route(RouteMode mode, int64_t T, int E, int k, int D) {
   std::vector<float> bias(static_cast<size_t>(E));
   for (int e = 0; e < E; ++e) bias[size_t(e)] = (e % 5 == 0 && e + 1 < E) ? 0.f : nd(rng()) * 0.3f;
   for (int e = 1; e < E; e += 5) bias[size_t(e)] = bias[size_t(e - 1)];
-  const int vocab = 1000;
-  std::vector<int32_t> table(size_t(vocab) * k), token_ids(static_cast<size_t>(T));
-  for (int v = 0; v < vocab; ++v) {
-    std::vector<int32_t> perm(static_cast<size_t>(E));
-    for (int e = 0; e < E; ++e) perm[size_t(e)] = e;
-    std::shuffle(perm.begin(), perm.end(), rng());
-    std::copy_n(perm.begin(), k, table.begin() + size_t(v) * k);
-  }
-  for (auto& t : token_ids) t = int32_t(rng()() % vocab);
+  const HashRouting hash = random_hash_routing(1000, E, k, T);
+  const std::vector<int32_t>& table = hash.table;
+  const std::vector<int32_t>& token_ids = hash.token_ids;
 
   MoeWeights mw;
   mw.gate = gate.data();
@@ -147,15 +157,9 @@ void check_route_group(RouteMode mode, int T, int E, int k, bool with_passes) {
   for (auto& v : logits) v = nd(rng());
   for (auto& v : bias) v = nd(rng()) * 0.3f;
   if (E > 1) logits[1] = logits[0];  // an exact tie: the lower id first, in both
-  const int vocab = 97;
-  std::vector<int32_t> table(size_t(vocab) * k), token_ids(static_cast<size_t>(T));
-  for (int v = 0; v < vocab; ++v) {
-    std::vector<int32_t> perm(static_cast<size_t>(E));
-    for (int e = 0; e < E; ++e) perm[size_t(e)] = e;
-    std::shuffle(perm.begin(), perm.end(), rng());
-    std::copy_n(perm.begin(), k, table.begin() + size_t(v) * k);
-  }
-  for (auto& t : token_ids) t = int32_t(rng()() % vocab);
+  const HashRouting hash = random_hash_routing(97, E, k, T);
+  const std::vector<int32_t>& table = hash.table;
+  const std::vector<int32_t>& token_ids = hash.token_ids;
   Stream stream;
   DeviceBuffer<float> d_logits(logits.size()), d_bias(bias.size());
   DeviceBuffer<int32_t> d_table(table.size()), d_tok(token_ids.size());

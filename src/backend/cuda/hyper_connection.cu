@@ -149,6 +149,26 @@ __device__ __forceinline__ uint2 posted_chunk(const PostSource& p, int64_t t, in
   return v;
 }
 
+// Chunk q of token t's stream state as 4 f32 values, their squares added to ss: read from X, or with
+// kPost computed from the previous state (written out by the lanes that `write`). Both mix kernels'
+// inner step, so both add the same values in the same order.
+template <bool kPost>
+__device__ __forceinline__ void state_chunk(const uint16_t* X, int width, const PostSource& post, int64_t t, int q,
+                                            bool write, float (&v)[4], float& ss) {
+  uint2 raw;
+  if constexpr (kPost) raw = posted_chunk<4>(post, t, q, write);  // the mix kernels are built for hc = 4
+  else raw = reinterpret_cast<const uint2*>(X + t * width)[q];
+  v[0] = __uint_as_float(raw.x << 16), v[1] = __uint_as_float(raw.x & 0xffff0000u);
+  v[2] = __uint_as_float(raw.y << 16), v[3] = __uint_as_float(raw.y & 0xffff0000u);
+#pragma unroll
+  for (int e = 0; e < 4; ++e) ss = fmaf(v[e], v[e], ss);
+}
+
+// acc += v · f, the 4 products in the order both mix kernels use.
+__device__ __forceinline__ float add_chunk_dot(const float (&v)[4], const float4& f, float acc) {
+  return fmaf(v[0], f.x, fmaf(v[1], f.y, fmaf(v[2], f.z, fmaf(v[3], f.w, acc))));
+}
+
 template <int NMix, bool kPost>
 __global__ void __launch_bounds__(kThreads)
     hc_mix_partials_kernel(const uint16_t* __restrict__ X, int64_t T, int width, const float* __restrict__ fn,
@@ -193,26 +213,15 @@ __global__ void __launch_bounds__(kThreads)
     for (int c = 0; c < kSliceChunks / 32; ++c) {
       const int q = first + c * 32 + lane;
       if (q >= chunks) continue;  // (no break: the loops stay unrolled and acc in registers)
-      float v[kTileTokens][4];
+      float v[kTileTokens][4] = {};
 #pragma unroll
-      for (int k = 0; k < kTileTokens; ++k) {
-        uint2 raw = make_uint2(0, 0);
-        if constexpr (kPost) {
-          if (k < tokens) raw = posted_chunk<4>(post, t0 + k, q);  // the mix kernels are built for hc = 4
-        } else {
-          if (k < tokens) raw = reinterpret_cast<const uint2*>(X + (t0 + k) * width)[q];
-        }
-        v[k][0] = __uint_as_float(raw.x << 16), v[k][1] = __uint_as_float(raw.x & 0xffff0000u);
-        v[k][2] = __uint_as_float(raw.y << 16), v[k][3] = __uint_as_float(raw.y & 0xffff0000u);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) ss[k] = fmaf(v[k][e], v[k][e], ss[k]);
-      }
+      for (int k = 0; k < kTileTokens; ++k)
+        if (k < tokens) state_chunk<kPost>(X, width, post, t0 + k, q, true, v[k], ss[k]);
 #pragma unroll
       for (int j = 0; j < NMix; ++j) {
         const float4 f = reinterpret_cast<const float4*>(fn + int64_t(j) * width)[q];
 #pragma unroll
-        for (int k = 0; k < kTileTokens; ++k)
-          acc[k][j] = fmaf(v[k][0], f.x, fmaf(v[k][1], f.y, fmaf(v[k][2], f.z, fmaf(v[k][3], f.w, acc[k][j]))));
+        for (int k = 0; k < kTileTokens; ++k) acc[k][j] = add_chunk_dot(v[k], f, acc[k][j]);
       }
     }
 #pragma unroll
@@ -463,26 +472,14 @@ __global__ void __launch_bounds__(kFusedThreads)
     for (int c = 0; c < kChunks; ++c) {
       const int q = first + c * 32 + lane;
       if (q >= chunks) continue;
-      float v[kFusedRows][4];
+      float v[kFusedRows][4] = {};
 #pragma unroll
-      for (int k = 0; k < kFusedRows; ++k) {
-        uint2 raw = make_uint2(0, 0);
-        if constexpr (kPost) {
-          if (k < T) raw = posted_chunk<HC>(post_source, k, q, warp == 0);  // one warp writes the state
-        } else {
-          if (k < T) raw = reinterpret_cast<const uint2*>(X + int64_t(k) * width)[q];
-        }
-        v[k][0] = __uint_as_float(raw.x << 16), v[k][1] = __uint_as_float(raw.x & 0xffff0000u);
-        v[k][2] = __uint_as_float(raw.y << 16), v[k][3] = __uint_as_float(raw.y & 0xffff0000u);
-#pragma unroll
-        for (int e = 0; e < 4; ++e) ss[k] = fmaf(v[k][e], v[k][e], ss[k]);
-      }
+      for (int k = 0; k < kFusedRows; ++k)  // (one warp writes the state)
+        if (k < T) state_chunk<kPost>(X, width, post_source, k, q, warp == 0, v[k], ss[k]);
 #pragma unroll
       for (int i = 0; i < kPerWarp; ++i)
 #pragma unroll
-        for (int k = 0; k < kFusedRows; ++k)
-          acc[k][i] = fmaf(v[k][0], f[c][i].x, fmaf(v[k][1], f[c][i].y, fmaf(v[k][2], f[c][i].z,
-                           fmaf(v[k][3], f[c][i].w, acc[k][i]))));
+        for (int k = 0; k < kFusedRows; ++k) acc[k][i] = add_chunk_dot(v[k], f[c][i], acc[k][i]);
     }
     // The transposing sum adds each entry only to the same entry of other lanes: entries this warp
     // does not compute are zeros that change no other entry's bits.
