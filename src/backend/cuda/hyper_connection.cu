@@ -202,13 +202,7 @@ __global__ void __launch_bounds__(kThreads)
           if (next + k < T && q < chunks) prefetch_l1(reinterpret_cast<const uint2*>(X + (next + k) * width) + q);
         }
     }
-    float acc[kTileTokens][NMix], ss[kTileTokens];
-#pragma unroll
-    for (int k = 0; k < kTileTokens; ++k) {
-      ss[k] = 0;
-#pragma unroll
-      for (int j = 0; j < NMix; ++j) acc[k][j] = 0;
-    }
+    float acc[kTileTokens][NMix] = {}, ss[kTileTokens] = {};
 #pragma unroll
     for (int c = 0; c < kSliceChunks / 32; ++c) {
       const int q = first + c * 32 + lane;
@@ -460,13 +454,7 @@ __global__ void __launch_bounds__(kFusedThreads)
   pdl_wait();
   pdl_launch_dependents();
   if (warp < kWarps) {
-    float acc[kFusedRows][kPerWarp], ss[kFusedRows];
-#pragma unroll
-    for (int k = 0; k < kFusedRows; ++k) {
-      ss[k] = 0;
-#pragma unroll
-      for (int i = 0; i < kPerWarp; ++i) acc[k][i] = 0;
-    }
+    float acc[kFusedRows][kPerWarp] = {}, ss[kFusedRows] = {};
     // hc_mix_partials_kernel's loop: per (token, mix) the same products in the same order.
 #pragma unroll
     for (int c = 0; c < kChunks; ++c) {
