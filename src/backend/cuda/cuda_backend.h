@@ -215,9 +215,10 @@ class CudaBackend final : public Backend {
   // The hyper-connection mixes' ticket (hyper_connection.h): zeroed once, left zeroed by each launch.
   DeviceBuffer<unsigned> hc_ticket_;
   // DSV4_ONE_LAUNCH=0 (A/B runs): a decode step's hc mixes and its routing with the pairs' grouping
-  // take two launches each, as for prefill.
+  // take two launches each, as for prefill. The one ticket serves the stream's hc ops one after
+  // another; on a branch (another stream, which may overlap them) they take the two launches.
   bool one_launch_ = true;
-  unsigned* hc_ticket() const { return one_launch_ ? hc_ticket_.get() : nullptr; }
+  unsigned* hc_ticket() const { return one_launch_ && active_ == stream_.get() ? hc_ticket_.get() : nullptr; }
   uint64_t epoch_ = 0;  // recording_epoch: bumped where memory a recording may address is replaced
   std::vector<DeviceBuffer<uint8_t>> weights_;  // placed weights, alive as long as the backend
   std::map<std::tuple<int, int, bool>, std::unique_ptr<SparseMlaPlan>> plans_;  // (query bucket, heads, split)
