@@ -225,8 +225,12 @@ class CudaBackend final : public Backend {
   std::unique_ptr<IndexerWorkspace> indexer_ws_;
   MoeWorkspace& moe_workspace(const MoeFp4Shape& shape, int tokens, int k);
   MoeFp4Path moe_path(const MoeFp4Shape& shape, int tokens, int k) const;  // the dispatcher's, or DSV4_MOE_PATH's
-  // Whether route() left r's pairs grouped in ws for `path` (Routing::prepared), so the MoE skips it.
-  static bool pairs_grouped(const Routing& r, const MoeWorkspace& ws, MoeFp4Path path);
+  // Whether route() left r's pairs grouped in ws for `path` (Routing::prepared) and nothing has been
+  // grouped into ws since, so the MoE skips its grouping. Every grouping into a workspace takes the
+  // next number of groupings_; ws_grouping_ holds each workspace's last.
+  bool pairs_grouped(const Routing& r, const MoeWorkspace& ws, MoeFp4Path path) const;
+  std::map<const MoeWorkspace*, uint64_t> ws_grouping_;
+  uint64_t groupings_ = 0;
   // One scratch per expert shape, shared by the layers (they run one after another on the stream).
   std::map<std::tuple<int, int, int, int, int>, std::unique_ptr<MoeWorkspace>> moe_ws_;
   int moe_path_override_ = -1;  // DSV4_MOE_PATH (tests): a forced MoeFp4Path

@@ -77,22 +77,26 @@ MoeWorkspace& CudaBackend::moe_workspace(const MoeFp4Shape& shape, int tokens, i
   if (!ws || ws->max_tokens() < tokens) {
     stream_.sync();  // the old scratch may still be in use by queued work
     ws = std::make_unique<MoeWorkspace>(shape, int(std::bit_ceil(unsigned(std::max(tokens, 16)))), k);
+    ws_grouping_[ws.get()] = ++groupings_;  // (a handle of the one it replaces, at its address, is stale)
     ++epoch_;
   }
   return *ws;
 }
 
 namespace {
-// Routing::prepared on this backend: the pairs are grouped in `ws` as `path` reads them.
+// Routing::prepared on this backend: the pairs are grouped in `ws` as `path` reads them, by the
+// backend's grouping number `grouping` (a later grouping into ws makes the handle stale).
 struct GroupedPairs {
   const MoeWorkspace* ws;
   MoeFp4Path path;
+  uint64_t grouping;
 };
 }  // namespace
 
-bool CudaBackend::pairs_grouped(const Routing& r, const MoeWorkspace& ws, MoeFp4Path path) {
+bool CudaBackend::pairs_grouped(const Routing& r, const MoeWorkspace& ws, MoeFp4Path path) const {
   const auto* g = static_cast<const GroupedPairs*>(r.prepared.get());
-  return g && g->ws == &ws && g->path == path;
+  const auto at = ws_grouping_.find(&ws);
+  return g && g->ws == &ws && g->path == path && at != ws_grouping_.end() && g->grouping == at->second;
 }
 
 Routing CudaBackend::route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) {
@@ -113,7 +117,7 @@ Routing CudaBackend::route(const Tensor& x, const MoeWeights& w, const Tensor& t
     if (moe_route_topk_pairs(logits.ptr<float>(), w.bias, w.hash_table, ids_in, int(T), E, k, route_scale,
                              r.ids.ptr<int32_t>(), r.weights.ptr<float>(), shape.experts,
                              path == MoeFp4Path::W4A16Stream, ws, stream())) {
-      r.prepared = std::make_shared<GroupedPairs>(GroupedPairs{&ws, path});
+      r.prepared = std::make_shared<GroupedPairs>(GroupedPairs{&ws, path, ws_grouping_[&ws] = ++groupings_});
       return r;
     }
   }
@@ -196,8 +200,10 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeig
   std::vector<Tensor> keep;
   Tensor ys = shared_expert_beside(x, in, w.shared, swiglu_limit, false, keep);
   const uint16_t* x_fp8 = in.values.data ? in.values.ptr<uint16_t>() : nullptr;
+  const bool grouped = pairs_grouped(r, ws, path);
+  if (!grouped) ws_grouping_[&ws] = ++groupings_;  // (moe_fp4_experts groups into ws)
   moe_fp4_experts(path, mw, x.ptr<uint16_t>(), x_fp8, int(T), r.ids.ptr<int32_t>(), r.weights.ptr<float>(), k, nullptr,
-                  ws, stream(), MoeActivationNumerics::Fp8, pairs_grouped(r, ws, path));
+                  ws, stream(), MoeActivationNumerics::Fp8, grouped);
   join_side();
   cuda::moe_combine(ws.expert_out.get(), r.ids.ptr<int32_t>(), int(T), k, mw.shape().experts, mw.shape().hidden,
                     ys.ptr<uint16_t>(), out.ptr<uint16_t>(), stream());
@@ -225,9 +231,10 @@ Tensor CudaBackend::moe_expert_partials(const Tensor& x, const Routing& r, const
   std::vector<Tensor> keep;
   Tensor ys = shared_expert_beside(x, in, w.shared, swiglu_limit, true, keep);
   const uint16_t* x_fp8 = in.values.data ? in.values.ptr<uint16_t>() : nullptr;
+  const bool grouped = local_ids.data == r.ids.data && pairs_grouped(r, ws, path);
+  if (!grouped) ws_grouping_[&ws] = ++groupings_;  // (moe_fp4_experts groups into ws)
   moe_fp4_experts(path, mw, x.ptr<uint16_t>(), x_fp8, int(T), local_ids.ptr<int32_t>(), r.weights.ptr<float>(), k,
-                  out.ptr<float>(), ws, stream(), MoeActivationNumerics::Fp8,
-                  local_ids.data == r.ids.data && pairs_grouped(r, ws, path));
+                  out.ptr<float>(), ws, stream(), MoeActivationNumerics::Fp8, grouped);
   join_side();
   moe_partials_finish(local_ids.ptr<int32_t>(), int(T), k, local, mw.shape().hidden, ys.ptr<float>(), out.ptr<float>(),
                       stream());
