@@ -2,7 +2,8 @@
 // hc_pre / hc_head: two launches (below, before hc_mix_partials_kernel): partial dot products and sums
 // of squares per (token, channel slice), then per token their sum in slice order, the per-token
 // scalar work (sigmoids; for hc_pre the Sinkhorn with one lane per row / column, in the CPU's order)
-// and x_in. hc_post: a thread per (token, channel). Every f32 step the CPU rounds separately is
+// and x_in; for a decode step's 1–2 rows both in one launch (hc_mix_fused_kernel: the last block to
+// finish does the second's work). hc_post: a thread per (token, channel). Every f32 step the CPU rounds separately is
 // written with the _rn intrinsics (no FMA contraction: the CPU build has none), so given the same
 // mixes the outputs are bit-exact; only the reductions (double on the CPU) differ in order.
 #include "backend/cuda/hyper_connection.h"
