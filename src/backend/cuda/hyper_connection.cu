@@ -234,19 +234,40 @@ __global__ void __launch_bounds__(kThreads)
 // Sum j of a token over its slices, by a whole warp: lane l adds slices l, l + 32, … in order, then
 // the lanes in a fixed tree (no serial chain of dependent loads). Every block that needs sum j gets
 // the same bits (the comb warps' transposing sum pairs the lanes the same way).
-template <int NV>
+// kL2: partials that other blocks of the caller's own grid wrote, read through L2.
+template <bool kL2>
+__device__ __forceinline__ float partial_at(const float* p) {
+  return kL2 ? __ldcg(p) : *p;
+}
+
+template <int NV, bool kL2 = false>
 __device__ __forceinline__ float slice_sum(const float* token_partials, int slices, int j, int lane) {
   float s = 0;
-  for (int k = lane; k < slices; k += 32) s += token_partials[k * NV + j];
+  for (int k = lane; k < slices; k += 32) s += partial_at<kL2>(token_partials + k * NV + j);
   return warp_sum(s);
 }
 
-// The same sums for a block that reads partials other blocks of its own grid wrote (through L2).
-template <int NV>
-__device__ __forceinline__ float slice_sum_cg(const float* token_partials, int slices, int j, int lane) {
-  float s = 0;
-  for (int k = lane; k < slices; k += 32) s += __ldcg(token_partials + k * NV + j);
-  return warp_sum(s);
+// A token's post mixes and Sinkhorn (hc_pre), by one warp from its partial sums: all NV sums at once,
+// each lane's in slice_sum's order, then the lanes in the same tree (the transposing sum pairs lanes
+// l ^ 16, l ^ 8, … as warp_sum does), ending with sum j in lane j; mix (shared, NMix floats) and pre
+// (shared, HC floats) are the warp's scratch.
+template <int HC, int NMix, bool kL2>
+__device__ __forceinline__ void token_post_comb(const float* tp, int slices, int width, float norm_eps,
+                                                const float* base, const float* scale, int iters, float hc_eps,
+                                                int lane, float* mix, float* pre, float* post_t, float* comb_t) {
+  constexpr int NV = NMix + 1;
+  float v[32];
+#pragma unroll
+  for (int j = 0; j < 32; ++j) v[j] = 0;
+  for (int k = lane; k < slices; k += 32)
+#pragma unroll
+    for (int j = 0; j < NV; ++j) v[j] += partial_at<kL2>(tp + k * NV + j);
+  const float sum = warp_transpose_sum(v, lane);
+  const float rs = rms_inverse(__shfl_sync(0xffffffffu, sum, NMix), width, norm_eps);
+  if (lane < NMix) mix[lane] = __fmul_rn(sum, rs);
+  __syncwarp();
+  token_pre_post<HC>(mix, base, scale, hc_eps, lane, pre, post_t);
+  token_comb<HC>(mix, base, scale, iters, hc_eps, lane, comb_t);
 }
 
 
@@ -368,21 +389,8 @@ __global__ void __launch_bounds__(kThreads)
     if constexpr (NMix > HC) {
       const int64_t t = (blockIdx.x - x_blocks) * kWarps + warp;
       if (t >= T) return;
-      // All NV sums at once: each lane's in slice_sum's order, then the lanes in the same tree (the
-      // transposing sum pairs lanes l ^ 16, l ^ 8, … as warp_sum does), ending with sum j in lane j.
-      const float* tp = partials + t * slices * NV;
-      float v[32];
-#pragma unroll
-      for (int j = 0; j < 32; ++j) v[j] = 0;
-      for (int k = lane; k < slices; k += 32)
-#pragma unroll
-        for (int j = 0; j < NV; ++j) v[j] += tp[k * NV + j];
-      const float sum = warp_transpose_sum(v, lane);
-      const float rs = rms_inverse(__shfl_sync(0xffffffffu, sum, NMix), width, norm_eps);
-      if (lane < NMix) mix[warp][lane] = __fmul_rn(sum, rs);
-      __syncwarp();
-      token_pre_post<HC>(mix[warp], base, scale, hc_eps, lane, pre[warp], post + t * HC);
-      token_comb<HC>(mix[warp], base, scale, iters, hc_eps, lane, comb + t * HC * HC);
+      token_post_comb<HC, NMix, false>(partials + t * slices * NV, slices, width, norm_eps, base, scale, iters, hc_eps,
+                                       lane, mix[warp], pre[warp], post + t * HC, comb + t * HC * HC);
     }
     return;
   }
@@ -405,10 +413,10 @@ __global__ void __launch_bounds__(kThreads)
 // partial sums as hc_mix_partials_kernel does (each warp a third of the 24 mixes: the same lanes,
 // chunks and order, so the same bits), and the last block to finish (a ticket) runs the finishing
 // work: warps 0 … 7 x_in (and the norm) token by token as the finishing block does, a warp per token
-// beside them the post mixes and the Sinkhorn. Why: at one token each launch of the pair was a
-// dependent round of ~5 µs for ~64 KB of data; the second launch's wait for the first was most of
-// the hyper-connections' share of a decode step. The weights are loaded into registers before the
-// programmatic wait (they do not depend on the kernels before).
+// beside them the post mixes and the Sinkhorn. Why: at one token each launch is a dependent round
+// of a few µs for ~64 KB of data; the fused form saved 1–2 µs a call on the H100, and the Sinkhorn
+// now sets its end (docs/perf/2026-12-05-one-launch.md). The weights are loaded into registers
+// before the programmatic wait (they do not depend on the kernels before).
 constexpr int kFusedRows = 2;
 constexpr int kFusedThreads = kThreads + 32 * kFusedRows;
 
@@ -502,25 +510,15 @@ __global__ void __launch_bounds__(kFusedThreads)
   if (warp >= kWarps) {  // the post mixes and the Sinkhorn of token warp − kWarps (hc_pre only)
     const int t = warp - kWarps;
     if (NMix == HC || t >= T) return;
-    const float* tp = partials + int64_t(t) * slices * NV;
-    float v[32];
-#pragma unroll
-    for (int j = 0; j < 32; ++j) v[j] = 0;
-    for (int k = lane; k < slices; k += 32)
-#pragma unroll
-      for (int j = 0; j < NV; ++j) v[j] += __ldcg(tp + k * NV + j);
-    const float sum = warp_transpose_sum(v, lane);
-    const float rs = rms_inverse(__shfl_sync(0xffffffffu, sum, NMix), width, norm_eps);
-    if (lane < NMix) mix[t][lane] = __fmul_rn(sum, rs);
-    __syncwarp();
-    token_pre_post<HC>(mix[t], base, scale, hc_eps, lane, sink_pre[t], post + t * HC);
-    token_comb<HC>(mix[t], base, scale, iters, hc_eps, lane, comb + t * HC * HC);
+    token_post_comb<HC, NMix, true>(partials + int64_t(t) * slices * NV, slices, width, norm_eps, base, scale, iters,
+                                    hc_eps, lane, mix[t], sink_pre[t], post + t * HC, comb + t * HC * HC);
     return;
   }
   for (int t = 0; t < T; ++t) {  // x_in, token by token, as the finishing block
     if constexpr (kNorm) rows.template load_streams<true>(X + int64_t(t) * width, D);
     if (warp <= HC) {
-      const float sum = slice_sum_cg<NV>(partials + int64_t(t) * slices * NV, slices, warp < HC ? warp : NMix, lane);
+      const float sum =
+          slice_sum<NV, true>(partials + int64_t(t) * slices * NV, slices, warp < HC ? warp : NMix, lane);
       if (lane == 0) sums[warp] = sum;
     }
     x_warps_sync();
