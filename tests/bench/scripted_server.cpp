@@ -159,7 +159,17 @@ ScriptedServer::ScriptedServer(Script script) : impl_(std::make_unique<Impl>()) 
   if (port_ <= 0 || listen_fd < 0 || ::listen(listen_fd, 4096) != 0)
     throw std::runtime_error("scripted server: cannot listen on a loopback port");
   impl_->thread = std::thread([this] { impl_->server.listen_after_bind(); });
+  // is_running() turns true before the listening thread has made its pool of `threads` workers and
+  // accepted anything; requests sent then wait for that (6 ms idle here, ~20 ms on a loaded
+  // 2-core machine) and the first wave's TTFT is off the script by it. Ready means answering.
   while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  httplib::Client probe("127.0.0.1", port_);
+  probe.set_keep_alive(false);
+  for (int attempt = 0;; ++attempt) {
+    if (auto r = probe.Get("/v1/models"); r && r->status == 200) break;
+    if (attempt == 1000) throw std::runtime_error("scripted server: not answering on its loopback port");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
 }
 
 ScriptedServer::~ScriptedServer() {
