@@ -162,12 +162,15 @@ ScriptedServer::ScriptedServer(Script script) : impl_(std::make_unique<Impl>()) 
   // is_running() turns true before the listening thread has made its pool of `threads` workers and
   // accepted anything; requests sent then wait for that (6 ms idle here, ~20 ms on a loaded
   // 2-core machine) and the first wave's TTFT is off the script by it. Ready means answering.
-  while (!svr.is_running()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
   httplib::Client probe("127.0.0.1", port_);
   probe.set_keep_alive(false);
   for (int attempt = 0;; ++attempt) {
     if (auto r = probe.Get("/v1/models"); r && r->status == 200) break;
-    if (attempt == 1000) throw std::runtime_error("scripted server: not answering on its loopback port");
+    if (attempt == 1000) {  // (the listening thread must end before the throw: the destructor will not run)
+      svr.stop();
+      impl_->thread.join();
+      throw std::runtime_error("scripted server: not answering on its loopback port");
+    }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
   }
 }
