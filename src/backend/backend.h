@@ -24,6 +24,10 @@ struct Tensor {
   std::vector<int64_t> shape;
   std::shared_ptr<uint8_t> storage;  // backend memory
   void* data = nullptr;
+  // The backend's own form of these values, made beside them by the op that wrote them (CUDA: the
+  // FP8 codes the next FP8 linear would quantise them into), or null. Only the backend that made it
+  // reads it; an op that writes a tensor in place drops it.
+  std::shared_ptr<const void> companion;
 
   int64_t numel() const {
     int64_t n = 1;
@@ -210,6 +214,8 @@ class Backend {
   virtual void head_rms_norm(Tensor& x, int head_dim, float eps) = 0;                         // unweighted, bf16 math (SPEC §3.11.3)
   virtual void rope(Tensor& x, int head_dim, int rope_dim, const Tensor& positions, const RopeTable& table,
                     bool inverse) = 0;  // last rope_dim of every head; positions I32 [rows]
+  // (rope and head_norm_rope may read positions while the op before them still runs: they must not be
+  // that op's output. The step descriptor's positions are uploaded before the step.)
   virtual void fp8_simulate(Tensor& x, int row_width, int channels) = 0;                      // SPEC §2.5 on [0, channels)
   // x [rows, heads, head_dim] in place, per head: rms_norm with `weight`, rope by positions[row], then
   // with fp8_nope fp8_simulate of the first head_dim − rope_dim channels — the values of those ops run

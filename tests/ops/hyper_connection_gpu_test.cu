@@ -14,10 +14,12 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/cuda_utils.h"
 #include "backend/cuda/hyper_connection.h"
 #include "backend/cuda/row_ops.h"
 #include "core/dtypes.h"
+#include "core/error.h"
 #include "gpu_test_rng.h"
 
 namespace dsv4::cuda {
@@ -134,6 +136,9 @@ void check_streams_output(const char* what, const std::vector<uint16_t>& got, co
 struct HcPreResult {
   std::vector<uint16_t> out;
   std::vector<float> post, comb;
+  std::vector<uint8_t> q;  // with quant: x_in's FP8 codes, scales and values (Fp8Rows)
+  std::vector<float> s;
+  std::vector<uint16_t> values;
 };
 
 // The mix kernels' inputs on the device: X, fn, base, scale, and the norm when given one.
@@ -152,21 +157,64 @@ struct DeviceMixInputs {
 };
 
 // hc_pre on the GPU (with a norm when given one); every output and the scratch poisoned first.
+// x_in's FP8 codes, scales and values written beside it (Fp8Rows), poisoned first.
+struct DeviceQuant {
+  DeviceBuffer<uint8_t> q;
+  DeviceBuffer<float> s;
+  DeviceBuffer<uint16_t> values;
+  DeviceQuant(int64_t T, int D, cudaStream_t stream) : q(size_t(T * D)), s(size_t(T * D / 128)), values(size_t(T * D)) {
+    if (!T) return;  // (not asked for)
+    q.fill_bytes(0xff, stream);
+    s.fill_bytes(0xff, stream);
+    values.fill_bytes(0xff, stream);
+  }
+  Fp8Rows rows() { return {q.get(), s.get(), values.get()}; }
+  void download(HcPreResult& r, cudaStream_t stream) {
+    r.q = q.download(stream);
+    r.s = s.download(stream);
+    r.values = values.download(stream);
+  }
+};
+
 HcPreResult gpu_hc_pre(const std::vector<uint16_t>& X, int64_t T, int hc, int D, const HcWeights& w, int iters,
-                       const std::vector<uint16_t>* norm = nullptr, unsigned* ticket = nullptr) {
+                       const std::vector<uint16_t>* norm = nullptr, unsigned* ticket = nullptr, bool quant = false) {
   Stream stream;
   DeviceMixInputs in(X, w, norm, D, stream.get());
   DeviceBuffer<uint16_t> d_out(size_t(T * D));
   DeviceBuffer<float> d_post(size_t(T * hc)), d_comb(size_t(T * hc * hc));
   DeviceBuffer<float> d_partials(size_t(hc_mix_scratch_floats(T, hc, D, false)));
+  DeviceQuant d_quant(quant ? T : 0, D, stream.get());
   d_out.fill_bytes(0xff, stream.get());
   d_post.fill_bytes(0xff, stream.get());
   d_comb.fill_bytes(0xff, stream.get());
   d_partials.fill_bytes(0xff, stream.get());
   hc_pre(in.X.get(), T, hc, D, in.fn.get(), in.base.get(), in.scale.get(), iters, kNormEps, kHcEps, d_partials.get(),
-         norm ? in.norm.get() : nullptr, d_out.get(), d_post.get(), d_comb.get(), stream.get(), ticket);
+         norm ? in.norm.get() : nullptr, d_out.get(), d_post.get(), d_comb.get(), stream.get(), ticket,
+         quant ? d_quant.rows() : Fp8Rows{});
   DSV4_CUDA_CHECK_LAUNCH();
-  return {d_out.download(stream.get()), d_post.download(stream.get()), d_comb.download(stream.get())};
+  HcPreResult r{d_out.download(stream.get()), d_post.download(stream.get()), d_comb.download(stream.get())};
+  if (quant) d_quant.download(r, stream.get());
+  return r;
+}
+
+// act_quant_fp8 of rows on the GPU: the op the codes beside x_in must match.
+HcPreResult gpu_act_quant(const std::vector<uint16_t>& x, int64_t T, int D) {
+  Stream stream;
+  DeviceBuffer<uint16_t> d_x(x.size());
+  d_x.upload(x, stream.get());
+  DeviceQuant d_quant(T, D, stream.get());
+  act_quant_fp8(d_x.get(), int(T), D, d_quant.q.get(), d_quant.s.get(), d_quant.values.get(), stream.get());
+  DSV4_CUDA_CHECK_LAUNCH();
+  HcPreResult r;
+  d_quant.download(r, stream.get());
+  return r;
+}
+
+void expect_same_quant(const HcPreResult& got, const HcPreResult& want, const std::string& what) {
+  EXPECT_TRUE(got.q == want.q) << what << ": codes";
+  EXPECT_TRUE(got.s.size() == want.s.size() && std::memcmp(got.s.data(), want.s.data(), want.s.size() * 4) == 0)
+      << what << ": scales";
+  EXPECT_TRUE(got.values == want.values) << what << ": values";
 }
 
 void check_hc_pre(int64_t T, int hc, int D, int iters) {
@@ -360,7 +408,7 @@ TEST(HyperConnectionPost, MatchesCpuBitExact) {
 
 // hc_post_pre against hc_post then hc_pre on the GPU (each held to the CPU above): the same state
 // written out and the same x_in, post and comb, bit for bit. Every output poisoned first.
-void check_hc_post_pre(int64_t T, int D, bool with_norm, unsigned* ticket = nullptr) {
+void check_hc_post_pre(int64_t T, int D, bool with_norm, unsigned* ticket = nullptr, bool quant = false) {
   const int hc = 4;
   const std::vector<uint16_t> X = random_streams(T, hc, D);
   std::vector<uint16_t> y(static_cast<size_t>(T * D));
@@ -387,9 +435,10 @@ void check_hc_post_pre(int64_t T, int D, bool with_norm, unsigned* ticket = null
   hc_pre(d_Xa.get(), T, hc, D, in.fn.get(), in.base.get(), in.scale.get(), 20, kNormEps, kHcEps, d_partials.get(), n,
          d_out.get(), d_post.get(), d_comb.get(), stream.get());
   d_partials.fill_bytes(0xff, stream.get());
+  DeviceQuant d_quant(quant ? T : 0, D, stream.get());
   hc_post_pre(d_y.get(), in.X.get(), d_post_in.get(), d_comb_in.get(), T, hc, D, d_Xa2.get(), in.fn.get(), in.base.get(),
               in.scale.get(), 20, kNormEps, kHcEps, d_partials.get(), n, d_out2.get(), d_post2.get(), d_comb2.get(),
-              stream.get(), ticket);
+              stream.get(), ticket, quant ? d_quant.rows() : Fp8Rows{});
   DSV4_CUDA_CHECK_LAUNCH();
   const auto bits = [](const std::vector<float>& v) {
     std::vector<uint32_t> u(v.size());
@@ -402,7 +451,12 @@ void check_hc_post_pre(int64_t T, int D, bool with_norm, unsigned* ticket = null
   EXPECT_TRUE(d_out2.download(stream.get()) == d_out.download(stream.get())) << what << ": x_in";
   EXPECT_TRUE(bits(d_post2.download(stream.get())) == bits(d_post.download(stream.get()))) << what << ": post";
   EXPECT_TRUE(bits(d_comb2.download(stream.get())) == bits(d_comb.download(stream.get()))) << what << ": comb";
-  std::printf("%s: checked bit for bit against hc_post then hc_pre\n", what.c_str());
+  if (quant) {
+    HcPreResult got;
+    d_quant.download(got, stream.get());
+    expect_same_quant(got, gpu_act_quant(d_out.download(stream.get()), T, D), what + ", act_quant of x_in");
+  }
+  std::printf("%s: checked bit for bit against hc_post then hc_pre%s\n", what.c_str(), quant ? " (and act_quant)" : "");
 }
 
 TEST(HyperConnectionPostPre, SameBitsAsPostThenPre) {
@@ -448,6 +502,37 @@ TEST(HyperConnectionFused, SameBitsAsTwoLaunches) {
   EXPECT_EQ(ticket_value(ticket), 0u);
 }
 
+// The normed x_in's FP8 codes written beside it (Fp8Rows: the linears after it skip their quantising
+// launch) are act_quant_fp8's of x_in, bit for bit, in both forms of hc_pre and hc_post_pre; x_in,
+// post and comb are those without the codes.
+TEST(HyperConnectionQuant, CodesBesideXInAsActQuant) {
+  DeviceBuffer<unsigned> ticket(1);
+  ticket.fill_bytes(0);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  const int hc = 4;
+  for (const auto& [D, T] : std::vector<std::pair<int, int>>{{4096, 1}, {4096, 2}, {4096, 5}, {256, 3}, {8192, 2}, {4096, 64}}) {
+    const std::vector<uint16_t> X = random_streams(T, hc, D), norm = random_norm(D);
+    const HcWeights w = random_weights((2 + hc) * hc, hc * D, 3);
+    const HcPreResult plain = gpu_hc_pre(X, T, hc, D, w, 20, &norm);
+    const HcPreResult want = gpu_act_quant(plain.out, T, D);
+    for (unsigned* t : {static_cast<unsigned*>(nullptr), ticket.get()}) {
+      const std::string what = "hc_pre T " + std::to_string(T) + " D " + std::to_string(D) + (t ? " (one launch)" : "");
+      const HcPreResult got = gpu_hc_pre(X, T, hc, D, w, 20, &norm, t, true);
+      EXPECT_EQ(got.out, plain.out) << what;
+      EXPECT_EQ(0, std::memcmp(got.post.data(), plain.post.data(), plain.post.size() * 4)) << what;
+      EXPECT_EQ(0, std::memcmp(got.comb.data(), plain.comb.data(), plain.comb.size() * 4)) << what;
+      expect_same_quant(got, want, what);
+      EXPECT_EQ(ticket_value(ticket), 0u) << what;
+      check_hc_post_pre(T, D, true, t, true);
+      EXPECT_EQ(ticket_value(ticket), 0u) << what;
+    }
+  }
+  // Without the norm, or at a width of no multiple of 256, the op refuses the codes.
+  const std::vector<uint16_t> X = random_streams(1, hc, 128), norm = random_norm(128);
+  EXPECT_THROW(gpu_hc_pre(X, 1, hc, 128, random_weights(24, 512, 3), 20, &norm, nullptr, true), Error);
+  EXPECT_FALSE(hc_norm_quant_fits(128, Fp8Rows{}));
+}
+
 TEST(HyperConnectionSanitizer, Small) {
   check_hc_pre(3, 4, 128, 20);
   check_hc_pre(2, 4, 64, 3);
@@ -462,8 +547,8 @@ TEST(HyperConnectionSanitizer, Small) {
   DeviceBuffer<unsigned> ticket(1);  // the one-launch decode form
   ticket.fill_bytes(0);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
-  check_hc_post_pre(2, 256, true, ticket.get());
-  EXPECT_EQ(gpu_hc_pre(X, 2, 4, 256, random_weights(24, 1024, 3), 20, &norm, ticket.get()).out.size(), 2u * 256);
+  check_hc_post_pre(2, 256, true, ticket.get(), true);
+  EXPECT_EQ(gpu_hc_pre(X, 2, 4, 256, random_weights(24, 1024, 3), 20, &norm, ticket.get(), true).q.size(), 2u * 256);
 }
 
 }  // namespace

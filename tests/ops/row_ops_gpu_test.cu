@@ -9,12 +9,15 @@
 #include <cstdio>
 #include <cstring>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/cuda_utils.h"
 #include "backend/cuda/row_ops.h"
 #include "core/dtypes.h"
+#include "core/error.h"
 #include "gpu_test_rng.h"
 
 namespace dsv4::cuda {
@@ -156,6 +159,52 @@ TEST(RowOpsRmsNorm, MatchesCpu) {
   for (int64_t rows : {1, 3, 37})
     for (int n : {128, 512, 1024, 4096}) check_rms_norm(rows, n);  // 8 channels a load
   check_rms_norm(5, 100);  // a width that is no multiple of 8: one channel a load
+}
+
+// rms_norm with the FP8 codes of its rows made beside them (Fp8Rows): the same rows, and the codes,
+// scales and (if asked) values that act_quant_fp8 makes of them afterwards, bit for bit. Every output
+// poisoned first.
+void check_rms_norm_quant(int64_t rows, int n, bool values) {
+  const std::vector<uint16_t> x = random_groups(rows * n, n, -30, 20);
+  std::normal_distribution<float> wd(1.f, 0.5f);
+  std::vector<uint16_t> w(static_cast<size_t>(n));
+  for (auto& v : w) v = dsv4::f32_to_bf16(wd(rng()));
+  const float eps = 1e-6f;
+  const size_t count = size_t(rows * n), blocks = count / 128;
+  Stream stream;
+  DeviceBuffer<uint16_t> d_x(count), d_w(w.size()), d_y(count), d_y2(count), d_v(count), d_v2(count);
+  DeviceBuffer<uint8_t> d_q(count), d_q2(count);
+  DeviceBuffer<float> d_s(blocks), d_s2(blocks);
+  d_x.upload(x, stream.get());
+  d_w.upload(w, stream.get());
+  for (auto* b : {&d_y, &d_y2, &d_v, &d_v2}) b->fill_bytes(0xff, stream.get());
+  for (auto* b : {&d_q, &d_q2}) b->fill_bytes(0xff, stream.get());
+  for (auto* b : {&d_s, &d_s2}) b->fill_bytes(0xff, stream.get());
+  rms_norm(d_x.get(), d_w.get(), rows, n, eps, d_y.get(), stream.get());
+  act_quant_fp8(d_y.get(), int(rows), n, d_q.get(), d_s.get(), d_v.get(), stream.get());
+  const Fp8Rows quant{d_q2.get(), d_s2.get(), values ? d_v2.get() : nullptr};
+  ASSERT_TRUE(rms_norm_quant_fits(n, d_x.get(), d_w.get(), d_y2.get(), quant));
+  rms_norm(d_x.get(), d_w.get(), rows, n, eps, d_y2.get(), stream.get(), quant);
+  DSV4_CUDA_CHECK_LAUNCH();
+  const std::string what = "rms_norm " + std::to_string(rows) + " × " + std::to_string(n) + (values ? " with values" : "");
+  EXPECT_TRUE(d_y2.download(stream.get()) == d_y.download(stream.get())) << what << ": the rows";
+  EXPECT_TRUE(d_q2.download(stream.get()) == d_q.download(stream.get())) << what << ": the codes";
+  const std::vector<float> s = d_s.download(stream.get()), s2 = d_s2.download(stream.get());
+  EXPECT_EQ(0, std::memcmp(s.data(), s2.data(), s.size() * 4)) << what << ": the scales";
+  if (values) EXPECT_TRUE(d_v2.download(stream.get()) == d_v.download(stream.get())) << what << ": the values";
+}
+
+TEST(RowOpsRmsNorm, QuantisedBesideAsActQuant) {
+  for (int64_t rows : {1, 2, 37, 64})
+    for (int n : {256, 1024, 4096})
+      for (bool values : {false, true}) check_rms_norm_quant(rows, n, values);
+  // Widths that are no multiple of 256 take no codes: the op says so rather than write part of them.
+  DeviceBuffer<uint16_t> x(128), w(128), y(128);
+  DeviceBuffer<uint8_t> q(128);
+  DeviceBuffer<float> s(1);
+  const Fp8Rows quant{q.get(), s.get(), nullptr};
+  EXPECT_FALSE(rms_norm_quant_fits(128, x.get(), w.get(), y.get(), quant));
+  EXPECT_THROW(rms_norm(x.get(), w.get(), 1, 128, 1e-6f, y.get(), nullptr, quant), Error);
 }
 
 // ---- head_rms_norm -------------------------------------------------------------------------------
@@ -545,6 +594,7 @@ TEST(RowOpsFp8SimulateActivations, FromASourceAsInPlace) {
 // ---- small cases for compute-sanitizer -----------------------------------------------------------
 
 TEST(RowOpsSanitizer, Small) {
+  check_rms_norm_quant(3, 256, true);
   check_embed(3, 128, 4);
   check_embed(2, 100, 2);
   check_rms_norm(3, 128);

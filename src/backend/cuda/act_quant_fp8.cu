@@ -65,7 +65,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   float amax = fmaxf(fmaxf(fabsf(v[0]), fabsf(v[1])), fmaxf(fabsf(v[2]), fabsf(v[3])));
 #pragma unroll
   for (int o = 16; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
-  const float s = pow2_ceil_dev(fmaxf(amax, 1e-4f) * (1.0f / 448.0f));
+  const float s = act_fp8_scale(amax);
   const uint32_t packed = uint32_t(to_e4m3(v[0] / s)) | uint32_t(to_e4m3(v[1] / s)) << 8 |
                           uint32_t(to_e4m3(v[2] / s)) << 16 | uint32_t(to_e4m3(v[3] / s)) << 24;
   *reinterpret_cast<uint32_t*>(q + block * 128 + lane * 4) = packed;
@@ -73,10 +73,7 @@ __global__ void __launch_bounds__(kWarpsPerBlock * 32)
   if (values) {
     uint16_t h[4];
 #pragma unroll
-    for (int i = 0; i < 4; ++i) {
-      const float code = __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(packed >> (8 * i)), __NV_E4M3)));
-      h[i] = bf16_bits(__fmul_rn(code, s));  // exact: a code times a power of two
-    }
+    for (int i = 0; i < 4; ++i) h[i] = act_fp8_value(packed >> (8 * i), s);
     *reinterpret_cast<uint2*>(values + block * 128 + lane * 4) =
         make_uint2(uint32_t(h[0]) | uint32_t(h[1]) << 16, uint32_t(h[2]) | uint32_t(h[3]) << 16);
   }

@@ -9,6 +9,17 @@
 
 namespace dsv4::cuda {
 
+// act_quant_fp8's outputs for rows that an op writes (rms_norm, the hyper-connections' normed x_in)
+// made by that op beside its bf16 output, so that the FP8 linears after it need no quantising launch:
+// codes q [rows, cols], scales [rows, cols/128], and, if not null, the quantised values as bf16.
+// Null q: none. Ops make them for widths act_quant_rows_fit accepts (whole warps of 16-byte chunks).
+struct Fp8Rows {
+  uint8_t* q = nullptr;
+  float* scales = nullptr;
+  uint16_t* values = nullptr;
+};
+inline bool act_quant_rows_fit(int64_t cols) { return cols > 0 && cols % 256 == 0; }
+
 // x: bf16 [rows, cols] (cols a multiple of 128); q: e4m3 [rows, cols]; scales: f32 [rows, cols/128].
 // Launched as a programmatic dependent (reads x after the previous kernel's writes are visible).
 void act_quant_fp8(const uint16_t* x, int rows, int cols, uint8_t* q, float* scales, cudaStream_t stream);

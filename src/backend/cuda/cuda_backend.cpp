@@ -260,6 +260,7 @@ void CudaBackend::to_host(const Tensor& t, void* dst) {
 }
 
 void CudaBackend::copy_rows(const Tensor& src, int64_t src_row, Tensor& dst, int64_t dst_row, int64_t rows) {
+  dst.companion.reset();
   const size_t row_bytes = src.rows() ? src.nbytes() / size_t(src.rows()) : 0;
   if (!rows || !row_bytes) return;
   DSV4_CUDA_CHECK(cudaMemcpyAsync(static_cast<uint8_t*>(dst.data) + size_t(dst_row) * row_bytes,
@@ -277,19 +278,44 @@ Tensor CudaBackend::embed(const Tensor& ids, const uint16_t* table, int dim) {
   return out;
 }
 
+Fp8Rows CudaBackend::attach_quant_companion(Tensor& out, bool values) {
+  const int64_t rows = out.rows(), K = out.numel() / std::max<int64_t>(rows, 1);
+  auto c = std::make_shared<QuantCompanion>();
+  c->q = alloc(DType::U8, {rows, K});
+  c->s = alloc(DType::F32, {rows, K / 128});
+  if (values) c->values = alloc(DType::BF16, {rows, K});
+  c->of = out.data;
+  const Fp8Rows rows_out{c->q.ptr<uint8_t>(), c->s.ptr<float>(), values ? c->values.ptr<uint16_t>() : nullptr};
+  out.companion = std::move(c);
+  return rows_out;
+}
+
+const CudaBackend::QuantCompanion* CudaBackend::quant_companion(const Tensor& x, int64_t K) {
+  const auto* c = static_cast<const QuantCompanion*>(x.companion.get());
+  const int64_t rows = x.rows();
+  return c && c->of == x.data && x.dtype == DType::BF16 && x.numel() == rows * K && c->q.numel() == rows * K ? c
+                                                                                                            : nullptr;
+}
+
 Tensor CudaBackend::rms_norm(const Tensor& x, const uint16_t* weight, float eps) {
   const int64_t rows = x.rows(), n = x.numel() / std::max<int64_t>(rows, 1);
   Tensor out = alloc(DType::BF16, x.shape);
-  cuda::rms_norm(x.ptr<uint16_t>(), weight, rows, int(n), eps, out.ptr<uint16_t>(), stream());
+  Fp8Rows quant;
+  if (one_launch_ && rows <= kQuantCompanionRows && cuda::rms_norm_quant_fits(int(n), x.ptr<uint16_t>(), weight,
+                                                                              out.ptr<uint16_t>(), quant))
+    quant = attach_quant_companion(out, false);
+  cuda::rms_norm(x.ptr<uint16_t>(), weight, rows, int(n), eps, out.ptr<uint16_t>(), stream(), quant);
   return out;
 }
 
 void CudaBackend::head_rms_norm(Tensor& x, int head_dim, float eps) {
+  x.companion.reset();
   cuda::head_rms_norm(x.ptr<uint16_t>(), x.numel() / head_dim, head_dim, eps, stream());
 }
 
 void CudaBackend::rope(Tensor& x, int head_dim, int rope_dim, const Tensor& positions, const RopeTable& table,
                        bool inverse) {
+  x.companion.reset();
   const int64_t rows = x.rows();
   if (!rows) return;
   DSV4_CHECK(positions.numel() == rows && positions.dtype == DType::I32, "rope: {} positions for {} rows",
@@ -301,6 +327,7 @@ void CudaBackend::rope(Tensor& x, int head_dim, int rope_dim, const Tensor& posi
 
 void CudaBackend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight, float eps, int rope_dim,
                             const Tensor& positions, const RopeTable& table, bool fp8_nope) {
+  x.companion.reset();
   const int64_t rows = x.rows();
   if (!rows) return;
   if (!cuda::norm_rope_fits(head_dim, rope_dim, x.ptr<uint16_t>(), weight, fp8_nope))
@@ -314,6 +341,7 @@ void CudaBackend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight, flo
 
 void CudaBackend::head_norm_rope(Tensor& x, int head_dim, float eps, int rope_dim, const Tensor& positions,
                                  const RopeTable& table) {
+  x.companion.reset();
   // One launch for a decode step's rows; a prefill chunk's thousands of rows run the two kernels,
   // which spread its heads better (row_ops.cu).
   constexpr int64_t kFusedRows = 64;
@@ -328,10 +356,12 @@ void CudaBackend::head_norm_rope(Tensor& x, int head_dim, float eps, int rope_di
 }
 
 void CudaBackend::fp8_simulate(Tensor& x, int row_width, int channels) {
+  x.companion.reset();
   cuda::fp8_simulate(x.ptr<uint16_t>(), x.numel() / row_width, row_width, channels, stream());
 }
 
 void CudaBackend::hadamard_fp4_simulate(Tensor& x, int width) {
+  x.companion.reset();
   DSV4_CHECK(width == 128, "hadamard: width {} (only 128 is used by the model)", width);
   cuda::hadamard_fp4_simulate(x.ptr<uint16_t>(), x.numel() / width, stream());
 }
@@ -391,6 +421,10 @@ std::vector<Tensor> CudaBackend::fp8_linears(const Tensor& x, const std::vector<
     out.push_back(alloc(f32 ? DType::F32 : DType::BF16, {rows, w->out}));
   }
   if (!rows) return out;
+  if (const QuantCompanion* c = quant_companion(x, K)) {  // quantised by the op that wrote x
+    fp8_linears_quantised(c->q, c->s, ws, f32, out);
+    return out;
+  }
   Tensor q = alloc(DType::U8, {rows, K});
   Tensor s = alloc(DType::F32, {rows, K / 128});
   act_quant_fp8(x.ptr<uint16_t>(), int(rows), K, q.ptr<uint8_t>(), s.ptr<float>(), stream());
@@ -527,6 +561,19 @@ Tensor CudaBackend::gather_rows(const Tensor& src, const Tensor& rows) {
 
 // ---- hyper-connections ----
 
+// The normed x_in's codes for the FP8 linears after it (attention's wq_a and wkv) or the MoE (with
+// the values: the routed experts' FP8-grid input): one kernel makes both forms, so values always.
+Fp8Rows CudaBackend::hc_quant_companion(Tensor& out) {
+  const int64_t T = out.rows(), D = out.numel() / std::max<int64_t>(T, 1);
+  if (!one_launch_ || T > kQuantCompanionRows || !cuda::act_quant_rows_fit(D)) return {};
+  const Fp8Rows quant = attach_quant_companion(out, true);
+  if (!cuda::hc_norm_quant_fits(int(D), quant)) {
+    out.companion.reset();
+    return {};
+  }
+  return quant;
+}
+
 // The norm after the mixes runs inside the finishing kernel where its shape allows (always for DeepSeek-V4),
 // else as the rms_norm op on the mixes' output.
 Tensor CudaBackend::hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mult, int iters, float norm_eps,
@@ -539,9 +586,10 @@ Tensor CudaBackend::hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mu
   if (!T) return out;
   const bool fused = norm && cuda::hc_norm_fits(int(D), X.ptr<uint16_t>(), out.ptr<uint16_t>(), norm);
   Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), false)});
+  const Fp8Rows quant = fused ? hc_quant_companion(out) : Fp8Rows{};
   cuda::hc_pre(X.ptr<uint16_t>(), T, hc_mult, int(D), hc.fn, hc.base, hc.scale, iters, norm_eps, hc_eps,
                partials.ptr<float>(), fused ? norm : nullptr, out.ptr<uint16_t>(), post->ptr<float>(),
-               comb->ptr<float>(), stream(), hc_ticket());
+               comb->ptr<float>(), stream(), hc_ticket(), quant);
   return norm && !fused ? rms_norm(out, norm, norm_eps) : out;
 }
 
@@ -568,10 +616,11 @@ Tensor CudaBackend::hc_post_pre(const Tensor& y, const Tensor& X, Tensor* Xa, co
   Tensor new_post = alloc(DType::F32, {T, hc_mult}), new_comb = alloc(DType::F32, {T, hc_mult, hc_mult});
   const bool fused = norm && cuda::hc_norm_fits(int(D), Xa->ptr<uint16_t>(), out.ptr<uint16_t>(), norm);
   Tensor partials = alloc(DType::F32, {cuda::hc_mix_scratch_floats(T, hc_mult, int(D), false)});
+  const Fp8Rows quant = fused ? hc_quant_companion(out) : Fp8Rows{};
   cuda::hc_post_pre(y.ptr<uint16_t>(), X.ptr<uint16_t>(), post->ptr<float>(), comb->ptr<float>(), T, hc_mult, int(D),
                     Xa->ptr<uint16_t>(), hc.fn, hc.base, hc.scale, iters, norm_eps, hc_eps, partials.ptr<float>(),
                     fused ? norm : nullptr, out.ptr<uint16_t>(), new_post.ptr<float>(), new_comb.ptr<float>(), stream(),
-                    hc_ticket());
+                    hc_ticket(), quant);
   *post = std::move(new_post);
   *comb = std::move(new_comb);
   return norm && !fused ? rms_norm(out, norm, norm_eps) : out;

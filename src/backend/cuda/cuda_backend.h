@@ -22,6 +22,7 @@
 
 #include "backend/backend.h"
 #include "backend/cpu/moe_fp4_reference.h"
+#include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/cuda_utils.h"
 #include "backend/cuda/linear_gemm.h"
 
@@ -171,6 +172,20 @@ class CudaBackend final : public Backend {
   struct MoeInput {
     Tensor q, s, values;
   };
+  // act_quant_fp8 of an op's bf16 output made by that op (Tensor::companion): rms_norm and the
+  // hyper-connections' normed x_in, for up to kQuantCompanionRows rows (a decode step's: there the
+  // quantising launch is a dependent round on the chain; a prefill chunk's linears quantise in their
+  // own launch). `of` is the output's data, so that a view of other memory never takes it.
+  static constexpr int64_t kQuantCompanionRows = 64;
+  struct QuantCompanion {
+    Tensor q, s, values;
+    const void* of = nullptr;
+  };
+  // Allocates out's companion (values too if asked) and returns the kernels' pointers to it.
+  Fp8Rows attach_quant_companion(Tensor& out, bool values);
+  // x's companion if it holds x's rows of width K, else null.
+  static const QuantCompanion* quant_companion(const Tensor& x, int64_t K);
+  Fp8Rows hc_quant_companion(Tensor& out);  // out's companion where the hc kernels can write it, else none
   MoeInput quantise_moe_input(const Tensor& x, bool values);
   // The shared expert (SPEC §3.7): w2(swiglu(w1·x, w3·x)), bf16 or (f32) linear_partial's. FP8 weights
   // take x's codes and scales from `in` and the SwiGLU goes straight to FP8 for w2 (one launch);
@@ -215,7 +230,8 @@ class CudaBackend final : public Backend {
   // The hyper-connection mixes' ticket (hyper_connection.h): zeroed once, left zeroed by each launch.
   DeviceBuffer<unsigned> hc_ticket_;
   // DSV4_ONE_LAUNCH=0 (A/B runs): a decode step's hc mixes and its routing with the pairs' grouping
-  // take two launches each, as for prefill. The one ticket serves the stream's hc ops one after
+  // take two launches each, as for prefill, and its FP8 linears quantise their input in a launch of
+  // their own (no QuantCompanion). The one ticket serves the stream's hc ops one after
   // another; on a branch (another stream, which may overlap them) they take the two launches.
   bool one_launch_ = true;
   unsigned* hc_ticket() const { return one_launch_ && active_ == stream_.get() ? hc_ticket_.get() : nullptr; }

@@ -130,6 +130,11 @@ CudaBackend::MoeInput CudaBackend::quantise_moe_input(const Tensor& x, bool valu
   const int64_t T = x.rows(), D = x.numel() / std::max<int64_t>(T, 1);
   MoeInput in;
   if (!T || D % 128) return in;
+  if (const QuantCompanion* c = quant_companion(x, D); c && (!values || c->values.data)) {
+    in.q = c->q, in.s = c->s;  // quantised by the op that wrote x (the hyper-connections' normed x_in)
+    if (values) in.values = c->values;
+    return in;
+  }
   in.q = alloc(DType::U8, {T, D});
   in.s = alloc(DType::F32, {T, D / 128});
   if (values) in.values = alloc(DType::BF16, {T, D});

@@ -325,9 +325,11 @@ struct NormedRows {
 };
 
 // `sum` is the sum over the kThreads threads that call it (block_sum, or the fused form's named barrier).
+// quant (q not null; D a multiple of 256, so every chunk step takes whole warps): the normed row's
+// act_quant_fp8 beside it, row t's codes at q + t·D (q, scales and values already at row t).
 template <int HC, typename Sum>
 __device__ __forceinline__ void x_in_normed(const NormedRows<HC>& rows, const float* pre, int D, float norm_eps,
-                                            uint16_t* yt, Sum sum) {
+                                            uint16_t* yt, const Fp8Rows& quant, Sum sum) {
   __shared__ uint4 x_in[kMaxNormWidth / 8];
   float ss = 0;
 #pragma unroll
@@ -357,8 +359,16 @@ __device__ __forceinline__ void x_in_normed(const NormedRows<HC>& rows, const fl
   for (int i = 0; i < kNormChunks; ++i) {
     const int c = threadIdx.x + i * kThreads;
     if (c >= D / 8) break;
-    reinterpret_cast<uint4*>(yt)[c] = rms_scale8(x_in[c], rows.w[i], rs);
+    const uint4 y = rms_scale8(x_in[c], rows.w[i], rs);
+    reinterpret_cast<uint4*>(yt)[c] = y;
+    if (quant.q) act_quant_half_warp8(y, quant.q + 8 * c, quant.scales + c / 16, quant.values ? quant.values + 8 * c : nullptr);
   }
+}
+
+// quant's row t.
+__device__ __forceinline__ Fp8Rows quant_row(const Fp8Rows& quant, int64_t t, int D) {
+  if (!quant.q) return quant;
+  return {quant.q + t * D, quant.scales + t * (D / 128), quant.values ? quant.values + t * D : nullptr};
 }
 
 // NMix = (2+HC)·HC for hc_pre (pre, post, comb), HC for hc_head (pre only). Blocks [0, T·blocks_per_token):
@@ -370,7 +380,8 @@ __global__ void __launch_bounds__(kThreads)
     hc_mix_finish_kernel(const uint16_t* __restrict__ X, int64_t T, int D, const float* __restrict__ partials,
                          int slices, const float* __restrict__ base, const float* __restrict__ scale, int iters,
                          float norm_eps, float hc_eps, int blocks_per_token, const uint16_t* __restrict__ norm,
-                         uint16_t* __restrict__ out, float* __restrict__ post, float* __restrict__ comb) {
+                         uint16_t* __restrict__ out, float* __restrict__ post, float* __restrict__ comb,
+                         const Fp8Rows quant) {
   constexpr int NV = NMix + 1;
   __shared__ float sums[HC + 1];
   __shared__ float mix[kWarps][NMix];  // m_j = (v · fn_j) · rs
@@ -405,7 +416,8 @@ __global__ void __launch_bounds__(kThreads)
   __syncwarp();
   if (warp == 0) token_pre_post<HC>(mix[0], base, scale, hc_eps, lane, pre[0], nullptr);
   __syncthreads();
-  if constexpr (kNorm) x_in_normed<HC>(rows, pre[0], D, norm_eps, out + t * D, [](float v) { return block_sum(v); });
+  if constexpr (kNorm)
+    x_in_normed<HC>(rows, pre[0], D, norm_eps, out + t * D, quant_row(quant, t, D), [](float v) { return block_sum(v); });
   else x_in_plain<HC>(X + t * width, pre[0], D, part, blocks_per_token, out + t * D);
 }
 
@@ -440,7 +452,7 @@ __global__ void __launch_bounds__(kFusedThreads)
                         float* __restrict__ partials, const PostSource post_source, const float* __restrict__ base,
                         const float* __restrict__ scale, int iters, float norm_eps, float hc_eps,
                         const uint16_t* __restrict__ norm, uint16_t* __restrict__ out, float* __restrict__ post,
-                        float* __restrict__ comb, unsigned* ticket) {
+                        float* __restrict__ comb, unsigned* ticket, const Fp8Rows quant) {
   constexpr int HC = 4, NV = NMix + 1;
   constexpr int kPerWarp = (NMix + kWarps - 1) / kWarps;  // mixes a warp computes
   constexpr int kChunks = kSliceChunks / 32;                // float4 chunks of the slice a lane takes
@@ -528,7 +540,8 @@ __global__ void __launch_bounds__(kFusedThreads)
     if (warp == 0) token_pre_post<HC>(mix0, base, scale, hc_eps, lane, pre, nullptr);
     x_warps_sync();
     if constexpr (kNorm) {
-      x_in_normed<HC>(rows, pre, D, norm_eps, out + int64_t(t) * D, [](float v) { return x_warps_sum(v); });
+      x_in_normed<HC>(rows, pre, D, norm_eps, out + int64_t(t) * D, quant_row(quant, t, D),
+                      [](float v) { return x_warps_sum(v); });
     } else {
       // (x_in_plain's loads: X is this grid's output only with kPost, which always comes with a norm here)
       x_in_plain<HC>(X + int64_t(t) * width, pre, D, 0, 1, out + int64_t(t) * D);
@@ -607,15 +620,18 @@ void check_mix_operands(const char* op, int64_t T, int hc, int D, const uint16_t
 template <int HC, int NMix>
 void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const float* base, const float* scale,
                    int iters, float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
-                   float* post, float* comb, cudaStream_t stream, unsigned* ticket, const PostSource& source = {}) {
+                   float* post, float* comb, cudaStream_t stream, unsigned* ticket, const Fp8Rows& quant,
+                   const PostSource& source = {}) {
   if (norm && !hc_norm_fits(D, X, out, norm)) fail("hc mixes: a norm over D {} does not fit the finishing block", D);
+  if (quant.q && !(norm && hc_norm_quant_fits(D, quant)))
+    fail("hc mixes: FP8 codes of x_in need the norm and a width of a multiple of 256 (D {})", D);
   const int slices = hc_slices(HC, D), blocks_per_token = hc_blocks_per_token(T, D, norm);
   // (kPost without a norm reads the state it writes through x_in_plain's plain loads: two launches.)
   if (ticket && T <= kFusedRows && (norm || !source.y)) {
     auto kernel = source.y ? (norm ? hc_mix_fused_kernel<NMix, true, true> : hc_mix_fused_kernel<NMix, true, false>)
                            : (norm ? hc_mix_fused_kernel<NMix, false, true> : hc_mix_fused_kernel<NMix, false, false>);
     launch_programmatic(kernel, dim3(unsigned(slices)), dim3(kFusedThreads), 0, stream, X, int(T), D, fn, slices,
-                        partials, source, base, scale, iters, norm_eps, hc_eps, norm, out, post, comb, ticket);
+                        partials, source, base, scale, iters, norm_eps, hc_eps, norm, out, post, comb, ticket, quant);
     return;
   }
   const int groups_per_block = hc_groups_per_block(T);
@@ -627,7 +643,7 @@ void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const f
   auto finish = norm ? hc_mix_finish_kernel<HC, NMix, true> : hc_mix_finish_kernel<HC, NMix, false>;
   launch_programmatic(finish, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, X, T, D,
                       static_cast<const float*>(partials), slices, base, scale, iters, norm_eps, hc_eps,
-                      blocks_per_token, norm, out, post, comb);
+                      blocks_per_token, norm, out, post, comb, quant);
 }
 
 template <int HC>
@@ -646,6 +662,11 @@ bool hc_norm_fits(int D, const uint16_t* X, const uint16_t* out, const uint16_t*
   return D > 0 && D % 8 == 0 && D <= kMaxNormWidth && aligned16(X) && aligned16(out) && aligned16(norm);
 }
 
+bool hc_norm_quant_fits(int D, const Fp8Rows& quant) {
+  const auto aligned = [](const void* p, unsigned bytes) { return reinterpret_cast<uintptr_t>(p) % bytes == 0; };
+  return act_quant_rows_fit(D) && aligned(quant.q, 8) && aligned(quant.values, 16);
+}
+
 int64_t hc_mix_scratch_floats(int64_t T, int hc, int D, bool head) {
   const int n_mix = head ? hc : (2 + hc) * hc;
   return T * hc_slices(hc, D) * (n_mix + 1);
@@ -653,17 +674,18 @@ int64_t hc_mix_scratch_floats(int64_t T, int hc, int D, bool head) {
 
 void hc_pre(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
             int iters, float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
-            float* post, float* comb, cudaStream_t stream, unsigned* ticket) {
+            float* post, float* comb, cudaStream_t stream, unsigned* ticket, const Fp8Rows& quant) {
   check_shape("hc_pre", T, hc, D);
   check_mix_operands("hc_pre", T, hc, D, X, fn, partials);
   if (T == 0) return;
-  launch_hc_mix<4, 24>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, partials, norm, out, post, comb, stream, ticket);
+  launch_hc_mix<4, 24>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, partials, norm, out, post, comb, stream, ticket,
+                       quant);
 }
 
 void hc_post_pre(const uint16_t* y, const uint16_t* X_prev, const float* post_prev, const float* comb_prev, int64_t T,
                  int hc, int D, uint16_t* X, const float* fn, const float* base, const float* scale, int iters,
                  float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out, float* post,
-                 float* comb, cudaStream_t stream, unsigned* ticket) {
+                 float* comb, cudaStream_t stream, unsigned* ticket, const Fp8Rows& quant) {
   check_shape("hc_post_pre", T, hc, D);
   check_mix_operands("hc_post_pre", T, hc, D, X, fn, partials);
   if (T > kHcPostPreMaxRows) fail("hc_post_pre: {} rows (at most {}; run hc_post, then hc_pre)", T, kHcPostPreMaxRows);
@@ -671,7 +693,7 @@ void hc_post_pre(const uint16_t* y, const uint16_t* X_prev, const float* post_pr
     fail("hc_post_pre: y and the previous state 8-byte aligned, the new state apart from the previous one");
   if (T == 0) return;
   launch_hc_mix<4, 24>(X, T, D, fn, base, scale, iters, norm_eps, hc_eps, partials, norm, out, post, comb, stream, ticket,
-                       PostSource{y, X_prev, post_prev, comb_prev, X, D});
+                       quant, PostSource{y, X_prev, post_prev, comb_prev, X, D});
 }
 
 void hc_post(const uint16_t* y, const uint16_t* X, const float* post, const float* comb, int64_t T, int hc, int D,
@@ -693,7 +715,7 @@ void hc_head(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const
   check_mix_operands("hc_head", T, hc, D, X, fn, partials);
   if (T == 0) return;
   launch_hc_mix<4, 4>(X, T, D, fn, base, scale, 0, norm_eps, hc_eps, partials, norm, out, nullptr, nullptr,
-                      stream, ticket);
+                      stream, ticket, Fp8Rows{});
 }
 
 }  // namespace dsv4::cuda

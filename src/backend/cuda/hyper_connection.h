@@ -13,6 +13,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/act_quant_fp8.h"
+
 namespace dsv4::cuda {
 
 // The f32 scratch hc_pre (head = false) or hc_head (head = true) needs for T tokens: the partial sums
@@ -22,6 +24,9 @@ int64_t hc_mix_scratch_floats(int64_t T, int hc, int D, bool head);
 // Whether hc_pre / hc_head can apply a norm to their output themselves: D a multiple of 8 up to
 // 8192, X, out and norm 16-byte aligned (the finishing block reads X 8 channels at a time).
 bool hc_norm_fits(int D, const uint16_t* X, const uint16_t* out, const uint16_t* norm);
+// Whether hc_pre / hc_post_pre with a norm can also write act_quant_fp8 of their output (`quant`,
+// act_quant_fp8.h): D a multiple of 256, q 8-byte and values 16-byte aligned.
+bool hc_norm_quant_fits(int D, const Fp8Rows& quant);
 
 // CpuBackend::hc_pre. X bf16 [T, hc, D]; fn f32 [(2+hc)·hc, hc·D]; base f32 [(2+hc)·hc]; scale f32 [3].
 // partials: hc_mix_scratch_floats(T, hc, D, false) floats. out bf16 [T, D]; post f32 [T, hc]; comb f32
@@ -29,7 +34,7 @@ bool hc_norm_fits(int D, const uint16_t* X, const uint16_t* out, const uint16_t*
 // the bits of row_ops.h rms_norm run after it.
 void hc_pre(const uint16_t* X, int64_t T, int hc, int D, const float* fn, const float* base, const float* scale,
             int iters, float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out,
-            float* post, float* comb, cudaStream_t stream, unsigned* ticket = nullptr);
+            float* post, float* comb, cudaStream_t stream, unsigned* ticket = nullptr, const Fp8Rows& quant = {});
 
 // CpuBackend::hc_post: out[t,b,:] = bf16(post[t,b]·y[t,:] + Σ_a comb[t,a,b]·X[t,a,:]); y bf16 [T, D],
 // X and out bf16 [T, hc, D] (out must not alias X).
@@ -45,7 +50,7 @@ inline constexpr int64_t kHcPostPreMaxRows = 64;
 void hc_post_pre(const uint16_t* y, const uint16_t* X_prev, const float* post_prev, const float* comb_prev, int64_t T,
                  int hc, int D, uint16_t* X, const float* fn, const float* base, const float* scale, int iters,
                  float norm_eps, float hc_eps, float* partials, const uint16_t* norm, uint16_t* out, float* post,
-                 float* comb, cudaStream_t stream, unsigned* ticket = nullptr);
+                 float* comb, cudaStream_t stream, unsigned* ticket = nullptr, const Fp8Rows& quant = {});
 
 // CpuBackend::hc_head: fn f32 [hc, hc·D], base f32 [hc], scale f32 [1]; partials:
 // hc_mix_scratch_floats(T, hc, D, true) floats; out bf16 [T, D]; norm as hc_pre's.

@@ -1,6 +1,7 @@
 // Device twins of the reference's rounding arithmetic (bf16, SPEC.md §2.2 FP8), and the warp
 // reductions, shared by the kernels that round or quantise on the GPU.
 #pragma once
+#include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
 #include <cstdint>
@@ -99,6 +100,46 @@ __device__ __forceinline__ float swiglu_value(float g, float u, float limit) {
 __device__ __forceinline__ uint8_t to_e4m3(float v) {
   v = fminf(fmaxf(v, -448.f), 448.f);
   return uint8_t(__nv_cvt_float_to_fp8(v, __NV_SATFINITE, __NV_E4M3));
+}
+
+// SPEC §2.2's activation scale of a 128-channel block (cpu::quantize_fp8_block): a power of two,
+// 2^ceil(log2(max(amax, 1e-4) / 448)).
+__device__ __forceinline__ float act_fp8_scale(float amax) { return pow2_ceil_dev(fmaxf(amax, 1e-4f) * (1.0f / 448.0f)); }
+
+// An e4m3 code times its block's scale as bf16: exact (a code times a power of two).
+__device__ __forceinline__ uint16_t act_fp8_value(uint32_t code, float s) {
+  const float c = __half2float(__half(__nv_cvt_fp8_to_halfraw(__nv_fp8_storage_t(code & 0xffu), __NV_E4M3)));
+  return bf16_bits(__fmul_rn(c, s));
+}
+
+// act_quant_fp8 of one 128-channel block held as 8 consecutive bf16 values (x) by each of 16
+// consecutive lanes: the lane's 8 codes into q, the block's scale into *scale (by the half warp's
+// first lane), with values (not null) the 8 quantised values as bf16. Called by all 32 lanes of a
+// warp, each half its own block; the bits of act_quant_fp8 (a maximum does not depend on its order).
+__device__ __forceinline__ void act_quant_half_warp8(const uint4& x, uint8_t* q, float* scale, uint16_t* values) {
+  const uint32_t w[4] = {x.x, x.y, x.z, x.w};
+  float v[8];
+#pragma unroll
+  for (int k = 0; k < 4; ++k) v[2 * k] = __uint_as_float(w[k] << 16), v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+  float amax = 0.f;
+#pragma unroll
+  for (int i = 0; i < 8; ++i) amax = fmaxf(amax, fabsf(v[i]));
+#pragma unroll
+  for (int o = 8; o; o >>= 1) amax = fmaxf(amax, __shfl_xor_sync(0xffffffffu, amax, o));
+  const float s = act_fp8_scale(amax);
+  uint32_t codes[2] = {0, 0};
+#pragma unroll
+  for (int i = 0; i < 8; ++i) codes[i / 4] |= uint32_t(to_e4m3(v[i] / s)) << (8 * (i % 4));
+  *reinterpret_cast<uint2*>(q) = make_uint2(codes[0], codes[1]);
+  if (threadIdx.x % 16 == 0) *scale = s;
+  if (values) {
+    uint32_t h[4];
+#pragma unroll
+    for (int k = 0; k < 4; ++k)
+      h[k] = uint32_t(act_fp8_value(codes[k / 2] >> (16 * (k % 2)), s)) |
+             uint32_t(act_fp8_value(codes[k / 2] >> (16 * (k % 2) + 8), s)) << 16;
+    *reinterpret_cast<uint4*>(values) = make_uint4(h[0], h[1], h[2], h[3]);
+  }
 }
 
 }  // namespace dsv4::cuda

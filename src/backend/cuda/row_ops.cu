@@ -81,9 +81,12 @@ __global__ void __launch_bounds__(kBlockThreads) embed_rows_kernel(const int32_t
 
 // 8 channels per thread and load where the row allows (n a multiple of 8, 16-byte aligned rows): a
 // decode row of 4096 is then two loads per thread, not sixteen dependent ones.
+// With quant.q (vec8 and act_quant_rows_fit(n): every loop step takes whole warps) each half warp also
+// quantises the 128 channels it wrote (act_quant_half_warp8).
 __global__ void __launch_bounds__(kBlockThreads) rms_norm_kernel(const uint16_t* __restrict__ x,
                                                                  const uint16_t* __restrict__ weight, int n,
-                                                                 float eps, bool vec8, uint16_t* __restrict__ y) {
+                                                                 float eps, bool vec8, uint16_t* __restrict__ y,
+                                                                 const Fp8Rows quant) {
   pdl_wait();
   pdl_launch_dependents();
   const uint16_t* xr = x + int64_t(blockIdx.x) * n;
@@ -101,8 +104,12 @@ __global__ void __launch_bounds__(kBlockThreads) rms_norm_kernel(const uint16_t*
   const float rs = rms_inverse(block_sum(ss), n, eps);
   for (int i = threadIdx.x * step; i < n; i += blockDim.x * step) {
     if (vec8) {
-      *reinterpret_cast<uint4*>(yr + i) =
-          rms_scale8(*reinterpret_cast<const uint4*>(xr + i), *reinterpret_cast<const uint4*>(weight + i), rs);
+      const uint4 out = rms_scale8(*reinterpret_cast<const uint4*>(xr + i), *reinterpret_cast<const uint4*>(weight + i), rs);
+      *reinterpret_cast<uint4*>(yr + i) = out;
+      if (quant.q) {
+        const int64_t at = int64_t(blockIdx.x) * n + i;
+        act_quant_half_warp8(out, quant.q + at, quant.scales + at / 128, quant.values ? quant.values + at : nullptr);
+      }
     } else {
       yr[i] = bf16_bits(__fmul_rn(bf16_value(weight[i]), __fmul_rn(bf16_value(xr[i]), rs)));
     }
@@ -165,12 +172,12 @@ __global__ void __launch_bounds__(kBlockThreads)
     head_norm_rope_kernel(uint16_t* __restrict__ x, int heads, int head_dim, float eps, int rope_dim,
                           const int32_t* __restrict__ positions, const float* __restrict__ inv_freq) {
   __shared__ float cos_pair[kMaxRopePairs], sin_pair[kMaxRopePairs];
-  pdl_wait();
-  pdl_launch_dependents();
   const int64_t row = blockIdx.x;
   const int pairs = rope_dim / 2;
-  row_rope_table(float(positions[row]), inv_freq, pairs, false, cos_pair, sin_pair);
+  row_rope_table(float(positions[row]), inv_freq, pairs, false, cos_pair, sin_pair);  // (before the wait: see rope_kernel)
   __syncthreads();
+  pdl_wait();
+  pdl_launch_dependents();
   const int lane = threadIdx.x % 32, head = int(blockIdx.y) * kWarpsPerBlock + threadIdx.x / 32;
   if (head >= heads) return;  // whole warps leave together
   uint16_t* v = x + (row * heads + head) * head_dim;
@@ -185,12 +192,14 @@ __global__ void __launch_bounds__(kBlockThreads) rope_kernel(uint16_t* __restric
                                                              int rope_dim, const int32_t* __restrict__ positions,
                                                              const float* __restrict__ inv_freq, bool inverse) {
   __shared__ float cos_pair[kMaxRopePairs], sin_pair[kMaxRopePairs];
-  pdl_wait();
-  pdl_launch_dependents();
   const int64_t row = blockIdx.x;
   const int pairs = rope_dim / 2;
+  // The table before the programmatic wait, so that its double-precision cos/sin overlap the kernel
+  // ahead: positions must not be that kernel's output (row_ops.h).
   row_rope_table(float(positions[row]), inv_freq, pairs, inverse, cos_pair, sin_pair);
   __syncthreads();
+  pdl_wait();
+  pdl_launch_dependents();
   uint16_t* xr = x + row * heads * head_dim + (head_dim - rope_dim);
   for (int idx = threadIdx.x; idx < heads * pairs; idx += blockDim.x) {
     const int h = idx / pairs, i = idx % pairs;
@@ -214,7 +223,7 @@ __global__ void __launch_bounds__(kBlockThreads)
                      const uint16_t* __restrict__ weight, float eps, int rope_dim,
                      const int32_t* __restrict__ positions, const float* __restrict__ inv_freq, bool fp8_nope) {
   __shared__ uint16_t normed[kWarpsPerBlock][kMaxNormRopeDim];
-  pdl_wait();
+  pdl_wait();  // (positions may be the kernel ahead's output: the compressors' entry positions)
   pdl_launch_dependents();
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
   const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
@@ -399,14 +408,21 @@ void embed_rows(const int32_t* ids, int64_t n, const uint16_t* table, int dim, i
                         dim, copies, out);
 }
 
+bool rms_norm_quant_fits(int n, const uint16_t* x, const uint16_t* weight, const uint16_t* y, const Fp8Rows& quant) {
+  return act_quant_rows_fit(n) && aligned(x, 16) && aligned(weight, 16) && aligned(y, 16) && aligned(quant.q, 8) &&
+         aligned(quant.values, 16);
+}
+
 void rms_norm(const uint16_t* x, const uint16_t* weight, int64_t rows, int n, float eps, uint16_t* y,
-              cudaStream_t stream) {
+              cudaStream_t stream, const Fp8Rows& quant) {
   if (n <= 0) fail("rms_norm: width {}", n);
+  if (quant.q && !rms_norm_quant_fits(n, x, weight, y, quant))
+    fail("rms_norm: no FP8 codes beside a row of {} (rms_norm_quant_fits)", n);
   if (rows <= 0) return;
   check_grid(rows, "rms_norm");
   const bool vec8 = n % 8 == 0 && aligned(x, 16) && aligned(weight, 16) && aligned(y, 16);
   launch_programmatic(rms_norm_kernel, dim3(unsigned(rows)), dim3(kBlockThreads), 0, stream, x, weight, n, eps, vec8,
-                      y);
+                      y, quant);
 }
 
 void head_rms_norm(uint16_t* x, int64_t heads, int head_dim, float eps, cudaStream_t stream) {

@@ -10,6 +10,8 @@
 
 #include <cstdint>
 
+#include "backend/cuda/act_quant_fp8.h"
+
 namespace dsv4::cuda {
 
 // out[i·copies + c] = table[ids[i]] for c < copies (rows of `dim` bf16): the embedding, copied into
@@ -17,9 +19,12 @@ namespace dsv4::cuda {
 void embed_rows(const int32_t* ids, int64_t n, const uint16_t* table, int dim, int copies, uint16_t* out,
                 cudaStream_t stream);
 
-// CpuBackend::rms_norm (SPEC §2.1): y = bf16(w ⊙ (x · rsqrt(mean(x²) + eps))), x, y [rows, n].
+// CpuBackend::rms_norm (SPEC §2.1): y = bf16(w ⊙ (x · rsqrt(mean(x²) + eps))), x, y [rows, n]. With
+// quant.q, also act_quant_fp8 of y into quant (the bits of that op after this one), where
+// rms_norm_quant_fits.
+bool rms_norm_quant_fits(int n, const uint16_t* x, const uint16_t* weight, const uint16_t* y, const Fp8Rows& quant);
 void rms_norm(const uint16_t* x, const uint16_t* weight, int64_t rows, int n, float eps, uint16_t* y,
-              cudaStream_t stream);
+              cudaStream_t stream, const Fp8Rows& quant = {});
 
 // CpuBackend::head_rms_norm in place (SPEC §3.11.3): per head of head_dim, squares rounded to bf16,
 // mean rounded to bf16, + eps rounded, rsqrt in f32 rounded to bf16 once.
@@ -28,6 +33,9 @@ void head_rms_norm(uint16_t* x, int64_t heads, int head_dim, float eps, cudaStre
 // CpuBackend::rope in place (SPEC §2.8): x [rows, heads, head_dim]; the last rope_dim dims of each head
 // rotated as interleaved pairs by the f32 angle positions[row]·inv_freq[i] (inv_freq: rope_dim/2 f32),
 // cos/sin in double as the CPU; inverse rotates by −angle. x must be 4-byte aligned.
+// rope and head_norm_rope read positions before the programmatic wait (their cos/sin overlap the
+// kernel ahead), so positions must not be written by the kernel just before them: the step
+// descriptor's positions, uploaded before the step's kernels, are what the model passes.
 void rope(uint16_t* x, int64_t rows, int heads, int head_dim, int rope_dim, const int32_t* positions,
           const float* inv_freq, bool inverse, cudaStream_t stream);
 
