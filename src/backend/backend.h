@@ -300,6 +300,10 @@ class Backend {
   // MoE (SPEC §3.7).
   virtual Routing route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k,
                         float route_scale) = 0;  // token_ids I32 [T] (hash routing)
+  // x is the input of the moe_experts call that follows on these weights (after route): a backend may
+  // start the work that needs no routing now, beside the router (CUDA: the shared expert on a branch
+  // for a decode step's rows). A hint: the default does nothing, and moe_experts is the same either way.
+  virtual void moe_begin(const Tensor& x, const MoeWeights& w, float swiglu_limit) {}
   virtual Tensor moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) = 0;
 
   // Tensor parallelism (docs/ARCHITECTURE.md "Tensor parallelism"): what a rank computes before

@@ -350,6 +350,11 @@ Tensor ProfilingBackend::timed_moe(const Tensor& x, const Routing& r, const MoeW
                });
 }
 
+// The work begun here (the shared expert, where the backend begins it) is moe_experts' own: its bytes
+// stay counted there, and its time shows in the replayed column of this op.
+void ProfilingBackend::moe_begin(const Tensor& x, const MoeWeights& w, float swiglu_limit) {
+  timed("moe_begin (shared expert beside the router)", act(0), [&] { inner_->moe_begin(x, w, swiglu_limit); });
+}
 Tensor ProfilingBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) {
   return timed_moe(x, r, w, [&] { return inner_->moe_experts(x, r, w, swiglu_limit); });
 }

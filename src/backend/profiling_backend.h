@@ -139,6 +139,7 @@ class ProfilingBackend final : public Backend {
   Tensor to_bf16(const Tensor& x) override;
 
   Routing route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) override;
+  void moe_begin(const Tensor& x, const MoeWeights& w, float swiglu_limit) override;
   Tensor moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override;
 
   // Tensor parallelism's pieces, under the names of the ops they split (one rank's share of them).

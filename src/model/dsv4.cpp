@@ -559,6 +559,7 @@ Dsv4Model::BlockOutput Dsv4Model::run_block_pending(const BlockWeights& block, B
   x = backend_.hc_post_pre(a, X, &Xa, block.hc_ffn, c.hc_mult, c.hc_sinkhorn_iters, eps, hc_eps, &post, &comb,
                            block.ffn_norm);
   emit("hc_post_attn", l, Xa);
+  if (!split()) backend_.moe_begin(x, block.moe, float(c.swiglu_limit));  // the shared expert beside the router
   Routing r = backend_.route(x, block.moe, plan.tokens, c.n_active_experts, float(c.route_scale));
   Tensor m;
   if (!split()) {

@@ -5,17 +5,19 @@
 // (Backend::trace_replays, through CUPTI) with the profiling backend's record of which op call made
 // which items: every item of every replay comes back once, under its recorded name, with its start
 // before its end; the op calls' item ranges cover the recording in call order; and a traced replay
-// still computes what the step computes.
+// still computes what the step computes. And moe_begin's branch (the shared expert before the router).
 #include <gtest/gtest.h>
 
 #include <algorithm>
 #include <cstdlib>
 #include <random>
+#include <string>
 #include <vector>
 
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_graph.h"
 #include "backend/profiling_backend.h"
+#include "model/weights.h"
 #include "gpu_test_rng.h"
 
 namespace dsv4::cuda {
@@ -70,6 +72,49 @@ TEST(BackendBranch, BesideTheStreamAsInLine) {
     EXPECT_EQ(to_host(be, out), in_line) << "replay " << r;
   }
   be.synchronize();
+}
+
+// moe_begin (the shared expert started on the branch before the router) changes nothing moe_experts
+// returns: taken by the moe_experts of the same x, eager and recorded; begun for another x (not
+// taken: joined and dropped), and not begun at all. A fixture-shaped random model's MoE layers
+// (learned and hash routing), decode rows, fresh random inputs.
+TEST(MoeBegin, SharedExpertBesideTheRouterAsInLine) {
+  CudaBackend be;
+  const std::unique_ptr<ModelWeights> w = load_model_weights("synthetic:tiny,seed=" + std::to_string(rng()() % 1000), &be);
+  const ModelConfig& c = w->config;
+  const int D = c.dim, k = c.n_active_experts;
+  const float limit = float(c.swiglu_limit), scale = float(c.route_scale);
+  std::normal_distribution<float> nd(0.f, 1.f);
+  std::uniform_int_distribution<int> token(0, c.vocab_size - 1);
+  for (const BlockWeights& block : {w->blocks.front(), w->blocks.back()})
+    for (int64_t T : {1, 3}) {
+      std::vector<uint16_t> xs(static_cast<size_t>(T * D)), other(static_cast<size_t>(T * D));
+      for (auto& v : xs) v = f32_to_bf16(nd(rng()));
+      for (auto& v : other) v = f32_to_bf16(nd(rng()));
+      std::vector<int32_t> ids(static_cast<size_t>(T));
+      for (auto& t : ids) t = token(rng());
+      const Tensor x = be.from_host(DType::BF16, {T, D}, xs.data()), y = be.from_host(DType::BF16, {T, D}, other.data());
+      const Tensor tokens = be.from_host(DType::I32, {T}, ids.data());
+      const auto moe = [&](const Tensor* begin_with) {
+        if (begin_with) be.moe_begin(*begin_with, block.moe, limit);
+        const Routing r = be.route(x, block.moe, tokens, k, scale);
+        return be.moe_experts(x, r, block.moe, limit);
+      };
+      const std::string what = "layer " + std::to_string(block.layer) + ", " + std::to_string(T) + " rows";
+      const std::vector<uint16_t> in_line = to_host(be, moe(nullptr));
+      EXPECT_EQ(to_host(be, moe(&x)), in_line) << what << ": begun";
+      EXPECT_EQ(to_host(be, moe(&y)), in_line) << what << ": begun for another x";
+      be.begin_capture();
+      Tensor out = moe(&x);
+      auto recording = be.end_capture();
+      for (int r = 0; r < 2; ++r) {
+        const std::vector<uint16_t> poison(in_line.size(), 0x7fc1);
+        be.upload(out, poison.data());
+        be.replay(*recording);
+        EXPECT_EQ(to_host(be, out), in_line) << what << ": begun, replay " << r;
+      }
+      be.synchronize();
+    }
 }
 
 TEST(ReplayTrace, EveryItemOfEveryReplayOnceWithItsOp) {

@@ -132,6 +132,7 @@ std::string CudaBackend::name() const {
 
 void CudaBackend::synchronize() {
   join_side();
+  shared_ahead_.reset();  // (joined: a begun shared expert nobody took)
   stream_.sync();
 }
 

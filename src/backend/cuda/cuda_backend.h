@@ -146,6 +146,7 @@ class CudaBackend final : public Backend {
   Tensor to_bf16(const Tensor& x) override;
 
   Routing route(const Tensor& x, const MoeWeights& w, const Tensor& token_ids, int k, float route_scale) override;
+  void moe_begin(const Tensor& x, const MoeWeights& w, float swiglu_limit) override;
   Tensor moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override;
   Tensor moe_expert_partials(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) override;
   Tensor moe_combine(const Tensor& partials, const Routing& r) override;
@@ -202,6 +203,20 @@ class CudaBackend final : public Backend {
   // (docs/perf/2026-12-03-branches.md).
   Tensor shared_expert_beside(const Tensor& x, const MoeInput& in, const ExpertWeights& shared, float swiglu_limit,
                               bool f32, std::vector<Tensor>& keep);
+  // The shared expert moe_begin started on the branch (before the router), for the moe_experts of
+  // the same x, weights and limit; its tensors live until the branch is joined. A begun expert
+  // nobody takes is joined and dropped by the next moe_begin, moe_expert_partials or synchronize.
+  struct SharedAhead {
+    const void* x = nullptr;
+    const MoeWeights* w = nullptr;
+    float swiglu_limit = 0;
+    MoeInput in;
+    Tensor y;
+    std::vector<Tensor> keep;
+  };
+  std::unique_ptr<SharedAhead> shared_ahead_;
+  // shared_ahead_ for this call (null if it was begun for another), the branch joined first otherwise.
+  std::unique_ptr<SharedAhead> take_shared_ahead(const Tensor& x, const MoeWeights& w, float swiglu_limit, bool values);
   // A branch of work beside the stream: ops called between fork_side and unfork_side enqueue on
   // side_, which first waits for the stream; join_side makes the stream wait for side_. A recording
   // holds the branch as a graph branch. Tensors the branch uses must live until join_side: the pool

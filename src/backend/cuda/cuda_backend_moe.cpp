@@ -190,6 +190,35 @@ MoeFp4Path CudaBackend::moe_path(const MoeFp4Shape& shape, int tokens, int k) co
   return moe_fp4_select_path(shape, tokens, k);
 }
 
+// For a decode step's rows the shared expert needs only x, which exists before the router runs: on
+// the branch from here it streams its weights while the gate and the top-k (latency-bound, HBM idle)
+// run on the stream, instead of beside the routed experts only (docs/perf/2026-12-05-producer-codes.md).
+void CudaBackend::moe_begin(const Tensor& x, const MoeWeights& w, float swiglu_limit) {
+  if (shared_ahead_) {  // begun and never taken: joined before its tensors go
+    join_side();
+    shared_ahead_.reset();
+  }
+  const int64_t T = x.rows(), D = x.numel() / std::max<int64_t>(T, 1);
+  if (!T || T > shared_branch_rows_ || D % 128 || !w.prepared) return;
+  auto ahead = std::make_unique<SharedAhead>();
+  ahead->in = quantise_moe_input(x, true);  // (values: whichever path the routed experts take)
+  ahead->x = x.data, ahead->w = &w, ahead->swiglu_limit = swiglu_limit;
+  fork_side();
+  ahead->y = shared_expert(x, ahead->in, w.shared, swiglu_limit, false, &ahead->keep);
+  unfork_side();
+  shared_ahead_ = std::move(ahead);
+}
+
+std::unique_ptr<CudaBackend::SharedAhead> CudaBackend::take_shared_ahead(const Tensor& x, const MoeWeights& w,
+                                                                         float swiglu_limit, bool values) {
+  std::unique_ptr<SharedAhead> ahead = std::move(shared_ahead_);
+  if (!ahead) return nullptr;
+  if (ahead->x == x.data && ahead->w == &w && ahead->swiglu_limit == swiglu_limit && (!values || ahead->in.values.data))
+    return ahead;
+  join_side();  // another x: its tensors go once the branch has run
+  return nullptr;
+}
+
 Tensor CudaBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) {
   const int64_t T = x.rows(), D = x.numel() / std::max<int64_t>(T, 1);
   Tensor out = alloc(DType::BF16, {T, D});
@@ -197,13 +226,15 @@ Tensor CudaBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeig
   const int k = int(r.ids.numel() / T);
   const MoeFp4Weights& mw = prepared_weights(w);
   const MoeFp4Path path = moe_path(mw.shape(), int(T), k);
+  // The shared expert begun beside the router (moe_begin), with x's codes; else both made here.
+  const std::unique_ptr<SharedAhead> ahead = take_shared_ahead(x, w, swiglu_limit, path != MoeFp4Path::W4A8);
   // x quantised once: the shared expert's FP8 input, and (W4A16 paths) the routed experts' FP8-grid x.
-  const MoeInput in = quantise_moe_input(x, path != MoeFp4Path::W4A8);
+  const MoeInput in = ahead ? ahead->in : quantise_moe_input(x, path != MoeFp4Path::W4A8);
   MoeWorkspace& ws = moe_workspace(mw.shape(), int(T), k);  // (grows outside the branch: it synchronises)
   // Shared expert (SPEC §3.7): the routed experts' SwiGLU on the FP8 linears, no routing weight;
   // beside the routed experts, joined before the combine adds it.
   std::vector<Tensor> keep;
-  Tensor ys = shared_expert_beside(x, in, w.shared, swiglu_limit, false, keep);
+  Tensor ys = ahead ? ahead->y : shared_expert_beside(x, in, w.shared, swiglu_limit, false, keep);
   const uint16_t* x_fp8 = in.values.data ? in.values.ptr<uint16_t>() : nullptr;
   const bool grouped = pairs_grouped(r, ws, path);
   if (!grouped) ws_grouping_[&ws] = ++groupings_;  // (moe_fp4_experts groups into ws)
@@ -223,6 +254,10 @@ Tensor CudaBackend::moe_expert_partials(const Tensor& x, const Routing& r, const
   const MoeFp4Weights& mw = prepared_weights(w);
   const MoeFp4Path path = moe_path(mw.shape(), int(T), k);
   const int local = mw.shape().experts;
+  if (shared_ahead_) {  // (the split model does not begin one; joined before its tensors go)
+    join_side();
+    shared_ahead_.reset();
+  }
   // Expert parallelism: the pairs of experts this rank holds, by local index (the others → −1).
   Tensor local_ids = r.ids;
   if (w.expert_begin != 0 || (w.n_routed && local != w.n_routed)) {
