@@ -712,13 +712,13 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   const float scale = float(1.0 / std::sqrt(double(hd)));
   join_branch();
   emit("kv", l, kv);
-  // Attention, its output de-rotated by the query position.
-  Tensor o = backend_.sparse_attention_rope(q, H, hd, kv_pool, lists, w.sink, scale, c.rope_dim, positions, rope);
-  emit("attn_core", l, o);
+  Tensor o = backend_.sparse_attention(q, H, hd, kv_pool, lists, w.sink, scale);
 
   // The ring keeps the last `win` positions of every sequence.
   backend_.copy_entries(new_entries, ring_slots, kv_pool);
 
+  backend_.rope(o, hd, c.rope_dim, positions, rope, true);  // de-rotate by the query position
+  emit("attn_core", l, o);
   Tensor z = backend_.grouped_out_proj(view(o, {T, int64_t(H) * hd}), w.wo_a, w.o_groups, c.o_lora_rank);
   if (!split()) return backend_.linear(z, w.wo_b);
   // Row-parallel wo_b: the ranks' f32 sums are added, then rounded to bf16 once, as linear rounds.

@@ -133,9 +133,6 @@ class CudaBackend final : public Backend {
   std::vector<Tensor> step_index_sets(const std::vector<StepIndexArgs>& sets) override;
   Tensor sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool, const Tensor& entry_lists,
                           const float* sink, float scale) override;
-  Tensor sparse_attention_rope(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
-                               const Tensor& entry_lists, const float* sink, float scale, int rope_dim,
-                               const Tensor& positions, const RopeTable& table) override;
   Tensor indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
                       const KeyTables& keys, int k) override;
 
@@ -228,15 +225,6 @@ class CudaBackend final : public Backend {
   // choose it and it can run the shape with bf16 x, else the CUDA-core kernel.
   void dense_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,
                    int N, void* y, bool y_f32);
-  // sparse_attention, and with `derotate` sparse_attention_rope: the inverse RoPE in the attention
-  // kernel's epilogue where the plan's kernel has it (sparse_mla_derotates), else the rope kernel.
-  struct Derotation {
-    const Tensor& positions;
-    const RopeTable& table;
-    int rope_dim;
-  };
-  Tensor attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool, const Tensor& entry_lists,
-                   const float* sink, float scale, const Derotation* derotate);
   std::string linear_paths() const;  // for the load log
   std::string attention_paths() const;
   IndexerWorkspace& indexer_workspace(int queries, int keys);
