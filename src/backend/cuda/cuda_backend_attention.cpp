@@ -187,15 +187,15 @@ Tensor CudaBackend::attention(const Tensor& q, int n_heads, int head_dim, const 
   a.scale = scale;
   a.out = reinterpret_cast<__nv_bfloat16*>(op.data);
   a.num_queries = int(T);
-  // The inverse RoPE in the attention's own epilogue where the plan's kernel has it and head_norm_rope
-  // left its (cos, sin) of these positions and frequencies beside q; else the rope kernel after.
-  const RopeCompanion* rc = derotate ? companion_of<RopeCompanion>(q) : nullptr;
-  const bool fused = rc && sparse_mla_derotates(plan) && derotate->rope_dim <= 64 &&
-                     rc->positions == derotate->positions.data && rc->inv_freq == derotate->table.device &&
-                     rc->rope_dim == derotate->rope_dim && rc->cs.rows() == T;
+  // The inverse RoPE in the attention's own epilogue where the plan's kernel has it; else its kernel after.
+  const bool fused = derotate && sparse_mla_derotates(plan) && derotate->rope_dim <= 64;
   if (fused) {
     a.positions = derotate->positions.ptr<int32_t>(), a.inv_freq = derotate->table.device, a.rope_dim = derotate->rope_dim;
-    a.rope_table = rc->cs.ptr<float2>();
+    // head_norm_rope's table of these positions and frequencies, where it made one beside q.
+    const RopeCompanion* rc = companion_of<RopeCompanion>(q);
+    if (rc && rc->positions == derotate->positions.data && rc->inv_freq == derotate->table.device &&
+        rc->rope_dim == derotate->rope_dim && rc->cs.rows() == T)
+      a.rope_table = rc->cs.ptr<float2>();
   }
   sparse_mla_decode(plan, a, stream());
   if (heads != n_heads) copy_heads(out.data, n_heads, op.data, heads, T, head_bytes, stream());

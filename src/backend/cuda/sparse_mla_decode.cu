@@ -230,11 +230,11 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
   __syncthreads();  // the previous piece is done with every buffer
   if (tid < kBlock) stage_entry(block_begin * kBlock + tid, entry_id(block_begin * kBlock + tid), 0);
   // The inverse RoPE's table for the output (whole jobs write it): the step's, made by an earlier
-  // kernel (SparseMlaArgs::rope_table); its latency hides behind the list.
+  // kernel (SparseMlaArgs::rope_table), else computed here; its latency hides behind the list.
   float2* rope_cs = reinterpret_cast<float2*>(smem + L::rope);
   if constexpr (kDerotates<kHeads, kSplit>)
     if (!kMaxPass && partial_slot < 0 && a.inv_freq && tid < a.rope_dim / 2)
-      rope_cs[tid] = sparse_mla_detail::derotation_from_table(a, query, tid);
+      rope_cs[tid] = sparse_mla_detail::derotation(a, query, tid);
   {
     const __nv_bfloat16* q_src = a.q + (size_t(query) * p.n_heads + head0) * kD;
     for (int i = tid; i < kHeads * (kD / 8); i += L::kThreads)
@@ -592,10 +592,9 @@ void sparse_mla_decode(const SparseMlaPlan& plan, const SparseMlaArgs& args, cud
   DSV4_CHECK(args.num_queries <= plan.shape().max_queries, "sparse MLA: {} queries > plan max {}", args.num_queries,
              plan.shape().max_queries);
   if (args.num_queries == 0) return;
-  DSV4_CHECK(!args.inv_freq || (sparse_mla_derotates(plan) && args.positions && args.rope_table && args.rope_dim > 0 &&
+  DSV4_CHECK(!args.inv_freq || (sparse_mla_derotates(plan) && args.positions && args.rope_dim > 0 &&
                                 args.rope_dim % 2 == 0 && args.rope_dim / 2 <= kMaxRopePairs),
-             "sparse MLA: the inverse RoPE runs on the mma.sync kernel, from a table, rope_dim even up to {}",
-             2 * kMaxRopePairs);
+             "sparse MLA: the inverse RoPE runs on the mma.sync kernel, rope_dim even up to {}", 2 * kMaxRopePairs);
   KernelParams kp{args,
                   plan.view(),
                   plan.shape().n_heads,

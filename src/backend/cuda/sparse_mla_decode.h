@@ -146,8 +146,7 @@ struct SparseMlaArgs {
   const float* inv_freq = nullptr;  // [rope_dim / 2], RopeTable::device
   int rope_dim = 0;
   // (cos, sin) of every query's angles, [num_queries][rope_dim / 2] (row_ops.h head_norm_rope's
-  // table), read after the wait; required with inv_freq (the combine computes its own from
-  // positions and inv_freq, as rope does, before its wait).
+  // table), read after the wait; null: the kernels compute them (double precision, as rope).
   const float2* rope_table = nullptr;
 };
 

@@ -27,15 +27,14 @@ struct KernelParams {
 // The inverse RoPE of one output pair (dims 2i, 2i + 1 of the last rope_dim): the cos and the
 // negated sin of the query position's angle (row_ops.cu row_rope_table: the f32 angle, cos and sin
 // in double rounded to f32), then rotate_pair's arithmetic on the pair's bf16 values.
-// (The decode kernel reads them from the step's table only, derotation_from_table: the double-
-// precision sin and cos compiled into it cost it a stack frame and 18 registers, and ~5 µs a call.)
+// From the step's table where there is one (the same values, made by head_norm_rope).
 __device__ __forceinline__ float2 derotation(const SparseMlaArgs& a, int query, int pair) {
+  if (a.rope_table) {
+    const float2 cs = a.rope_table[query * (a.rope_dim / 2) + pair];
+    return make_float2(cs.x, -cs.y);
+  }
   const double angle = double(__fmul_rn(float(a.positions[query]), a.inv_freq[pair]));
   return make_float2(float(cos(angle)), -float(sin(angle)));
-}
-__device__ __forceinline__ float2 derotation_from_table(const SparseMlaArgs& a, int query, int pair) {
-  const float2 cs = a.rope_table[query * (a.rope_dim / 2) + pair];
-  return make_float2(cs.x, -cs.y);
 }
 __device__ __forceinline__ uint32_t derotate_pair(uint32_t bf16x2, float2 cs) {
   const float x = __uint_as_float(bf16x2 << 16), y = __uint_as_float(bf16x2 & 0xffff0000u);
