@@ -25,14 +25,6 @@ void Backend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight, float e
   if (fp8_nope) fp8_simulate(x, head_dim, head_dim - rope_dim);
 }
 
-Tensor Backend::sparse_attention_rope(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
-                                      const Tensor& entry_lists, const float* sink, float scale, int rope_dim,
-                                      const Tensor& positions, const RopeTable& table) {
-  Tensor o = sparse_attention(q, n_heads, head_dim, kv_pool, entry_lists, sink, scale);
-  rope(o, head_dim, rope_dim, positions, table, true);
-  return o;
-}
-
 void Backend::head_norm_rope(Tensor& x, int head_dim, float eps, int rope_dim, const Tensor& positions,
                              const RopeTable& table) {
   head_rms_norm(x, head_dim, eps);

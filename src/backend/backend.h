@@ -273,12 +273,6 @@ class Backend {
   // list positions.
   virtual Tensor sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
                                   const Tensor& entry_lists, const float* sink, float scale) = 0;
-  // sparse_attention, then its output's last rope_dim channels of every head rotated back by the
-  // query positions (rope(o, head_dim, rope_dim, positions, table, true)) — the values of those two
-  // ops in that order (the default runs them so; a backend may fuse them).
-  virtual Tensor sparse_attention_rope(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
-                                       const Tensor& entry_lists, const float* sink, float scale, int rope_dim,
-                                       const Tensor& positions, const RopeTable& table);
   // Indexer (SPEC §3.5): per query, scores over its first counts[t] keys, top-k (ties: lower
   // position first). Returns I32 [T, k] positions within each query's keys (−1 where fewer).
   virtual Tensor indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,

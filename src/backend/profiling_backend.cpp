@@ -265,30 +265,16 @@ std::vector<Tensor> ProfilingBackend::step_index_sets(const std::vector<StepInde
   for (const StepIndexArgs& a : sets) tables += bytes(a.window) + bytes(a.compressed);
   return timed("step_indices", act(tables), [&] { return inner_->step_index_sets(sets); });
 }
-// Each query reads its listed entries.
-std::function<ProfilingBackend::OpCost()> ProfilingBackend::listed_entries(const Tensor& entry_lists, int n_heads,
-                                                                           int head_dim) {
-  return [this, entry_lists, n_heads, head_dim] {
-    double n = 0;
-    for (int32_t e : read_i32(*inner_, entry_lists)) n += e >= 0;
-    return cache_and(n * double(kv_layout::kEntryBytes), 0, 4.0 * n * n_heads * head_dim);
-  };
-}
 Tensor ProfilingBackend::sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
                                           const Tensor& entry_lists, const float* sink, float scale) {
+  // Each query reads its listed entries.
   return timed("sparse_attention", act(bytes(q) + bytes(entry_lists)),
                [&] { return inner_->sparse_attention(q, n_heads, head_dim, kv_pool, entry_lists, sink, scale); },
-               listed_entries(entry_lists, n_heads, head_dim));
-}
-Tensor ProfilingBackend::sparse_attention_rope(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
-                                               const Tensor& entry_lists, const float* sink, float scale, int rope_dim,
-                                               const Tensor& positions, const RopeTable& table) {
-  return timed("sparse_attention + rope (inverse)", act(bytes(q) + bytes(entry_lists) + bytes(positions)),
-               [&] {
-                 return inner_->sparse_attention_rope(q, n_heads, head_dim, kv_pool, entry_lists, sink, scale, rope_dim,
-                                                      positions, table);
-               },
-               listed_entries(entry_lists, n_heads, head_dim));
+               [this, entry_lists, n_heads, head_dim] {
+                 double n = 0;
+                 for (int32_t e : read_i32(*inner_, entry_lists)) n += e >= 0;
+                 return cache_and(n * double(kv_layout::kEntryBytes), 0, 4.0 * n * n_heads * head_dim);
+               });
 }
 Tensor ProfilingBackend::indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
                                       const KeyTables& keys, int k) {

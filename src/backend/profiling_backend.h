@@ -126,9 +126,6 @@ class ProfilingBackend final : public Backend {
   std::vector<Tensor> step_index_sets(const std::vector<StepIndexArgs>& sets) override;
   Tensor sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool, const Tensor& entry_lists,
                           const float* sink, float scale) override;
-  Tensor sparse_attention_rope(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
-                               const Tensor& entry_lists, const float* sink, float scale, int rope_dim,
-                               const Tensor& positions, const RopeTable& table) override;
   Tensor indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
                       const KeyTables& keys, int k) override;
 
@@ -162,7 +159,6 @@ class ProfilingBackend final : public Backend {
   // Runs f between two marks as op `op` moving `bytes` (+ its result's bytes for a Tensor).
   Tensor timed_moe(const Tensor& x, const Routing& r, const MoeWeights& w, const std::function<Tensor()>& run);
   template <typename F> auto timed(std::string op, OpCost bytes, F&& f, std::function<OpCost()> after = {});
-  std::function<OpCost()> listed_entries(const Tensor& entry_lists, int n_heads, int head_dim);
 
   std::unique_ptr<Backend> inner_;
   bool on_ = false, recording_ = false;

@@ -626,9 +626,7 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   //  - the compressors, which read only x and the step's tables (SPEC §3.4), and in CSA the
   //    indexer's head weights, which read only x;
   //  - the KV row's norm and RoPE, the layer's index tables and the row's cache write, which read
-  //    only wkv's output and the tables, beside q's norm, wq_b and q's norm and RoPE;
-  //  - after attention, the ring's copy of the step's entries, which nothing in the layer reads
-  //    again, beside the output projections.
+  //    only wkv's output and the tables, beside q's norm, wq_b and q's norm and RoPE.
   const bool beside = T <= kBranchMaxRows;
   std::vector<Tensor> keep;
   // CSA: the indexer's head weights, scaled (SPEC §3.5).
@@ -714,31 +712,19 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   const float scale = float(1.0 / std::sqrt(double(hd)));
   join_branch();
   emit("kv", l, kv);
-  // Attention, its output de-rotated by the query position.
-  Tensor o = backend_.sparse_attention_rope(q, H, hd, kv_pool, lists, w.sink, scale, c.rope_dim, positions, rope);
-  emit("attn_core", l, o);
+  Tensor o = backend_.sparse_attention(q, H, hd, kv_pool, lists, w.sink, scale);
 
   // The ring keeps the last `win` positions of every sequence.
-  if (beside) {
-    backend_.branch_begin();
-    joined = false;
-    keep = idx;  // (new_entries and ring_slots, until the join)
-  }
   backend_.copy_entries(new_entries, ring_slots, kv_pool);
-  if (beside) backend_.branch_end();
 
+  backend_.rope(o, hd, c.rope_dim, positions, rope, true);  // de-rotate by the query position
+  emit("attn_core", l, o);
   Tensor z = backend_.grouped_out_proj(view(o, {T, int64_t(H) * hd}), w.wo_a, w.o_groups, c.o_lora_rank);
-  Tensor y;
-  if (!split()) {
-    y = backend_.linear(z, w.wo_b);
-  } else {
-    // Row-parallel wo_b: the ranks' f32 sums are added, then rounded to bf16 once, as linear rounds.
-    y = backend_.linear_partial(z, w.wo_b);
-    backend_.collective("all_reduce attn.wo_b", y, [&] { comm_->all_reduce_sum(y); });
-    y = backend_.to_bf16(y);
-  }
-  join_branch();
-  return y;
+  if (!split()) return backend_.linear(z, w.wo_b);
+  // Row-parallel wo_b: the ranks' f32 sums are added, then rounded to bf16 once, as linear rounds.
+  Tensor y = backend_.linear_partial(z, w.wo_b);
+  backend_.collective("all_reduce attn.wo_b", y, [&] { comm_->all_reduce_sum(y); });
+  return backend_.to_bf16(y);
 }
 
 Tensor Dsv4Model::mtp_logits(const Tensor& X, const std::vector<int32_t>& next_tokens, const std::vector<int32_t>& positions) {

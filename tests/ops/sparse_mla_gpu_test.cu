@@ -15,7 +15,6 @@
 
 #include "backend/cpu/sparse_mla_reference.h"
 #include "backend/cuda/cuda_utils.h"
-#include "backend/cuda/row_ops.h"
 #include "backend/cuda/sparse_mla_decode.h"
 #include "backend/kv_cache_layout.h"
 #include "core/dtypes.h"
@@ -57,7 +56,6 @@ struct Case {
   // against the same maxima, so only the f32 order of the combine differs — every output within
   // one bf16 ulp plus 1e-5 of its (query, head)'s largest |output|.
   bool match_unsplit = false;
-  bool derotate = false;  // also the inverse RoPE in the epilogue, against the rope kernel after it
 };
 
 // Fills every entry of a pool with random KV vectors (per-block magnitudes vary) in the FP8 layout.
@@ -101,7 +99,7 @@ void set_scale_codes(uint8_t* pool, int64_t g, int first_code) {
     }
   }
   for (int i = 0; i < kl::kRopeDim; ++i) {
-    const uint16_t h = dsv4::f32_to_bf16(nd(rng()));
+    const uint16_t h = f32_to_bf16(nd(rng()));
     std::memcpy(data + kl::kNopeDim + 2 * i, &h, 2);
   }
 }
@@ -161,7 +159,7 @@ double run_case(const Case& c) {
   }
   std::normal_distribution<float> nd(0.f, 1.f);
   std::vector<uint16_t> q(size_t(T) * c.n_heads * kD);
-  for (auto& x : q) x = dsv4::f32_to_bf16(nd(rng()) * c.q_scale);
+  for (auto& x : q) x = f32_to_bf16(nd(rng()) * c.q_scale);
   std::vector<float> sink(c.n_heads);
   for (auto& x : sink) x = c.no_sink ? -1e30f : nd(rng()) * 2.f;
 
@@ -337,51 +335,6 @@ double run_case(const Case& c) {
                 "%zu beyond\n", 100.0 * double(same) / double(base_out.size()), worst, beyond);
     EXPECT_EQ(beyond, 0u) << "split-KV with reference rounding against the unsplit kernel";
   }
-  if (c.derotate) {
-    // The same launch with SparseMlaArgs' inverse RoPE, against this output then the rope kernel:
-    // bit for bit, at positions up to 70,000 (large angles), the output poisoned first.
-    std::vector<int32_t> pos(static_cast<size_t>(T));
-    std::uniform_int_distribution<int32_t> pd(0, 70000);
-    for (auto& v : pos) v = pd(rng());
-    std::vector<float> inv_freq(32);
-    for (int i = 0; i < 32; ++i) inv_freq[size_t(i)] = float(std::pow(10000.0, -2.0 * i / 64));
-    DeviceBuffer<int32_t> d_pos(pos.size());
-    DeviceBuffer<float> d_freq(inv_freq.size());
-    d_pos.upload(pos, stream.get());
-    d_freq.upload(inv_freq, stream.get());
-    plan.compute(d_lengths.get(), T, stride, stream.get());
-    d_out.fill_bytes(0xff, stream.get());
-    sparse_mla_decode(plan, a, stream.get());
-    rope(reinterpret_cast<uint16_t*>(d_out.get()), T, c.n_heads, kD, 64, d_pos.get(), d_freq.get(), true, stream.get());
-    const std::vector<__nv_bfloat16> want_rot = d_out.download(stream.get());
-    SparseMlaArgs ar = a;
-    ar.positions = d_pos.get(), ar.inv_freq = d_freq.get(), ar.rope_dim = 64;
-    EXPECT_TRUE(sparse_mla_derotates(plan));
-    d_out.fill_bytes(0xff, stream.get());
-    plan.compute(d_lengths.get(), T, stride, stream.get());
-    sparse_mla_decode(plan, ar, stream.get());
-    const std::vector<__nv_bfloat16> got_rot = d_out.download(stream.get());
-    size_t differ = 0;
-    for (size_t i = 0; i < got_rot.size(); ++i) differ += std::memcmp(&got_rot[i], &want_rot[i], 2) != 0;
-    std::printf("  inverse RoPE in the epilogue: %zu of %zu outputs differ from the rope kernel after it\n", differ,
-                got_rot.size());
-    EXPECT_EQ(differ, 0u) << "the fused inverse RoPE";
-    // The same from head_norm_rope's table of those positions (made on a scratch row of heads; the
-    // model's q carries it to the attention), instead of the kernels' own cos and sin.
-    DeviceBuffer<uint16_t> scratch(static_cast<size_t>(T) * 8 * kD);
-    DeviceBuffer<float2> table(static_cast<size_t>(T) * 32);
-    scratch.fill_bytes(0, stream.get());
-    table.fill_bytes(0xff, stream.get());
-    head_norm_rope(scratch.get(), T, 8, kD, 1e-6f, 64, d_pos.get(), d_freq.get(), stream.get(), table.get());
-    ar.rope_table = table.get();
-    d_out.fill_bytes(0xff, stream.get());
-    plan.compute(d_lengths.get(), T, stride, stream.get());
-    sparse_mla_decode(plan, ar, stream.get());
-    const std::vector<__nv_bfloat16> got_tab = d_out.download(stream.get());
-    differ = 0;
-    for (size_t i = 0; i < got_tab.size(); ++i) differ += std::memcmp(&got_tab[i], &want_rot[i], 2) != 0;
-    EXPECT_EQ(differ, 0u) << "the fused inverse RoPE from head_norm_rope's table";
-  }
   return rel;
 }
 
@@ -436,32 +389,6 @@ TEST(SparseMlaGpu, HeadCountsHeadGroupsBlockSizesAndUnsplitBaseline) {
           c.s_q = {1, 2};
           run_case(c);
         }
-    }
-}
-
-// The inverse RoPE in the output's epilogue (sparse_attention_rope; 16-head tiles, separate combine):
-// whole-list and split CTAs (with reference rounding), 4 and 8 warps per row group, one and
-// several queries.
-TEST(SparseMlaGpu, InverseRopeInTheEpilogue) {
-  for (int warps : {8, 4})
-    for (bool split : {false, true}) {
-      Case c;
-      c.kernel = SparseMlaKernel::MmaSync;
-      c.heads_per_cta = 16;
-      c.block_entries = 64;
-      c.row_group_warps = warps;
-      c.split = split;
-      c.fused_combine = false;
-      c.reference_rounding = split;
-      c.derotate = true;
-      c.set = SparseMlaCompressed::Selected;
-      c.last_pos = {4095, 130, 9000};
-      c.s_q = {1, 2, 1};
-      run_case(c);
-      // More queries than the combine's table holds (16): their cos and sin computed where used.
-      c.last_pos = {4095, 130, 9000, 700, 64, 2000, 5000, 300, 1500};
-      c.s_q = {2, 2, 2, 2, 2, 2, 2, 2, 2};
-      run_case(c);
     }
 }
 

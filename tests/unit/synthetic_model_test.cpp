@@ -57,7 +57,7 @@ TEST(SyntheticModel, ProfileReportsTheStepByOpAndLayer) {
   ASSERT_EQ(r.rc, 0) << r.out;
   for (const char* row : {"eager step", "host: plan", "sum of the op times", "bytes per step", "copy bandwidth", "tokens/s",
                           "### ops", "| linears attn.wq_a + attn.wkv | SWA |", "| linear attn.wq_b | SWA |",
-                          "| sparse_attention + rope (inverse) | CSA |", "| indexer_topk | CSA |", "| compressor_update | HCA |", "| moe_experts (shared + routed) | HCA |", "| logits (head) | head |",
+                          "| sparse_attention | CSA |", "| indexer_topk | CSA |", "| compressor_update | HCA |", "| moe_experts (shared + routed) | HCA |", "| logits (head) | head |",
                           "### layers", "| 0 | SWA |", "| 4 | HCA |", "### projected", "2 SWA ×", "21 CSA ×", "20 HCA ×"})
     EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
   CommandResult j = run_dsv4("profile --model synthetic:tiny --backend cpu --steps 1 --context 10 --json");
@@ -66,7 +66,7 @@ TEST(SyntheticModel, ProfileReportsTheStepByOpAndLayer) {
     EXPECT_NE(j.out.find(key), std::string::npos) << key << "\n" << j.out;
   CommandResult p = run_dsv4("profile --model synthetic:tiny --backend cpu --prefill 200 --steps 1");
   ASSERT_EQ(p.rc, 0) << p.out;
-  for (const char* row : {"one prompt of 200 tokens", "FLOP of the step", "model TFLOP/s", "| TFLOP/s |", "| sparse_attention + rope (inverse) | CSA |"})
+  for (const char* row : {"one prompt of 200 tokens", "FLOP of the step", "model TFLOP/s", "| TFLOP/s |", "| sparse_attention | CSA |"})
     EXPECT_NE(p.out.find(row), std::string::npos) << row << "\n" << p.out;
   EXPECT_NE(run_dsv4("profile --model synthetic:tiny --backend cpu --prefill -3").rc, 0);
 }

@@ -281,20 +281,20 @@ Tensor CudaBackend::embed(const Tensor& ids, const uint16_t* table, int dim) {
 
 Fp8Rows CudaBackend::attach_quant_companion(Tensor& out, bool values) {
   const int64_t rows = out.rows(), K = out.numel() / std::max<int64_t>(rows, 1);
-  auto c = std::make_shared<QuantCompanion>();  // (held as a Companion: companion_of casts back to it)
+  auto c = std::make_shared<QuantCompanion>();
   c->q = alloc(DType::U8, {rows, K});
   c->s = alloc(DType::F32, {rows, K / 128});
   if (values) c->values = alloc(DType::BF16, {rows, K});
   c->of = out.data;
   const Fp8Rows rows_out{c->q.ptr<uint8_t>(), c->s.ptr<float>(), values ? c->values.ptr<uint16_t>() : nullptr};
-  out.companion = std::shared_ptr<const Companion>(std::move(c));
+  out.companion = std::move(c);
   return rows_out;
 }
 
 const CudaBackend::QuantCompanion* CudaBackend::quant_companion(const Tensor& x, int64_t K) {
-  const QuantCompanion* c = companion_of<QuantCompanion>(x);
+  const auto* c = static_cast<const QuantCompanion*>(x.companion.get());
   const int64_t rows = x.rows();
-  return c && x.dtype == DType::BF16 && x.numel() == rows * K && c->q.numel() == rows * K ? c
+  return c && c->of == x.data && x.dtype == DType::BF16 && x.numel() == rows * K && c->q.numel() == rows * K ? c
                                                                                                             : nullptr;
 }
 
@@ -352,13 +352,8 @@ void CudaBackend::head_norm_rope(Tensor& x, int head_dim, float eps, int rope_di
   DSV4_CHECK(positions.numel() == rows && positions.dtype == DType::I32, "head_norm_rope: {} positions for {} rows",
              positions.numel(), rows);
   DSV4_CHECK(table.device, "head_norm_rope: the frequency table was not placed on the device");
-  // The (cos, sin) it rotates by, kept beside q for the attention's inverse RoPE.
-  auto rc = std::make_shared<RopeCompanion>();
-  rc->cs = alloc(DType::F32, {rows, rope_dim / 2, 2});
-  rc->of = x.data, rc->positions = positions.data, rc->inv_freq = table.device, rc->rope_dim = rope_dim;
   cuda::head_norm_rope(x.ptr<uint16_t>(), rows, int(x.numel() / rows / head_dim), head_dim, eps, rope_dim,
-                       positions.ptr<int32_t>(), table.device, stream(), rc->cs.ptr<float2>());
-  x.companion = std::shared_ptr<const Companion>(std::move(rc));
+                       positions.ptr<int32_t>(), table.device, stream());
 }
 
 void CudaBackend::fp8_simulate(Tensor& x, int row_width, int channels) {

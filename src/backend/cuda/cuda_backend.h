@@ -133,9 +133,6 @@ class CudaBackend final : public Backend {
   std::vector<Tensor> step_index_sets(const std::vector<StepIndexArgs>& sets) override;
   Tensor sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool, const Tensor& entry_lists,
                           const float* sink, float scale) override;
-  Tensor sparse_attention_rope(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
-                               const Tensor& entry_lists, const float* sink, float scale, int rope_dim,
-                               const Tensor& positions, const RopeTable& table) override;
   Tensor indexer_topk(const Tensor& q, const Tensor& head_weights, int n_heads, const EntryPool& key_pool,
                       const KeyTables& keys, int k) override;
 
@@ -181,28 +178,10 @@ class CudaBackend final : public Backend {
   // quantising launch is a dependent round on the chain; a prefill chunk's linears quantise in their
   // own launch). `of` is the output's data, so that a view of other memory never takes it.
   static constexpr int64_t kQuantCompanionRows = 64;
-  // Tensor::companion on this backend points to one of these (as a Companion), told apart by type.
-  struct Companion {
-    virtual ~Companion() = default;
-    const void* of = nullptr;  // the data it was made beside
-  };
-  struct QuantCompanion : Companion {
+  struct QuantCompanion {
     Tensor q, s, values;
+    const void* of = nullptr;
   };
-  // The (cos, sin) head_norm_rope rotated the queries by (F32 [rows, rope_dim / 2, 2]), for the
-  // attention's inverse RoPE of the same positions and frequencies (no trigonometry on the chain).
-  struct RopeCompanion : Companion {
-    Tensor cs;
-    const void* positions = nullptr;
-    const float* inv_freq = nullptr;
-    int rope_dim = 0;
-  };
-  template <typename C>
-  static const C* companion_of(const Tensor& x) {
-    const auto* c = static_cast<const Companion*>(x.companion.get());
-    const auto* typed = dynamic_cast<const C*>(c);
-    return typed && typed->of == x.data ? typed : nullptr;
-  }
   // Allocates out's companion (values too if asked) and returns the kernels' pointers to it.
   Fp8Rows attach_quant_companion(Tensor& out, bool values);
   // x's companion if it holds x's rows of width K, else null.
@@ -246,15 +225,6 @@ class CudaBackend final : public Backend {
   // choose it and it can run the shape with bf16 x, else the CUDA-core kernel.
   void dense_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,
                    int N, void* y, bool y_f32);
-  // sparse_attention, and with `derotate` sparse_attention_rope: the inverse RoPE in the attention
-  // kernel's epilogue where the plan's kernel has it (sparse_mla_derotates), else the rope kernel.
-  struct Derotation {
-    const Tensor& positions;
-    const RopeTable& table;
-    int rope_dim;
-  };
-  Tensor attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool, const Tensor& entry_lists,
-                   const float* sink, float scale, const Derotation* derotate);
   std::string linear_paths() const;  // for the load log
   std::string attention_paths() const;
   IndexerWorkspace& indexer_workspace(int queries, int keys);

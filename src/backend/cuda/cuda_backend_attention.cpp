@@ -138,21 +138,6 @@ SparseMlaPlan& CudaBackend::attention_plan(int queries, int heads, int list_len)
 
 Tensor CudaBackend::sparse_attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
                                      const Tensor& entry_lists, const float* sink, float scale) {
-  return attention(q, n_heads, head_dim, kv_pool, entry_lists, sink, scale, nullptr);
-}
-
-Tensor CudaBackend::sparse_attention_rope(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
-                                          const Tensor& entry_lists, const float* sink, float scale, int rope_dim,
-                                          const Tensor& positions, const RopeTable& table) {
-  DSV4_CHECK(positions.numel() == q.rows() && positions.dtype == DType::I32, "sparse_attention_rope: {} positions for {} rows",
-             positions.numel(), q.rows());
-  DSV4_CHECK(table.device, "sparse_attention_rope: the frequency table was not placed on the device");
-  const Derotation d{positions, table, rope_dim};
-  return attention(q, n_heads, head_dim, kv_pool, entry_lists, sink, scale, &d);
-}
-
-Tensor CudaBackend::attention(const Tensor& q, int n_heads, int head_dim, const EntryPool& kv_pool,
-                              const Tensor& entry_lists, const float* sink, float scale, const Derotation* derotate) {
   DSV4_CHECK(head_dim == kl::kHeadDim, "sparse_attention: head_dim {}", head_dim);
   const int64_t T = q.rows();
   Tensor out = alloc(DType::BF16, {T, n_heads, head_dim});
@@ -187,19 +172,8 @@ Tensor CudaBackend::attention(const Tensor& q, int n_heads, int head_dim, const 
   a.scale = scale;
   a.out = reinterpret_cast<__nv_bfloat16*>(op.data);
   a.num_queries = int(T);
-  // The inverse RoPE in the attention's own epilogue where the plan's kernel has it; else its kernel after.
-  const bool fused = derotate && sparse_mla_derotates(plan) && derotate->rope_dim <= 64;
-  if (fused) {
-    a.positions = derotate->positions.ptr<int32_t>(), a.inv_freq = derotate->table.device, a.rope_dim = derotate->rope_dim;
-    // head_norm_rope's table of these positions and frequencies, where it made one beside q.
-    const RopeCompanion* rc = companion_of<RopeCompanion>(q);
-    if (rc && rc->positions == derotate->positions.data && rc->inv_freq == derotate->table.device &&
-        rc->rope_dim == derotate->rope_dim && rc->cs.rows() == T)
-      a.rope_table = rc->cs.ptr<float2>();
-  }
   sparse_mla_decode(plan, a, stream());
   if (heads != n_heads) copy_heads(out.data, n_heads, op.data, heads, T, head_bytes, stream());
-  if (derotate && !fused) rope(out, head_dim, derotate->rope_dim, derotate->positions, derotate->table, true);
   return out;
 }
 

@@ -170,8 +170,7 @@ __device__ __forceinline__ void rotate_pair(uint32_t* pair, float c, float s) {
 // thousands of rows they were faster than any fused form, see norm_rope_kernel.)
 __global__ void __launch_bounds__(kBlockThreads)
     head_norm_rope_kernel(uint16_t* __restrict__ x, int heads, int head_dim, float eps, int rope_dim,
-                          const int32_t* __restrict__ positions, const float* __restrict__ inv_freq,
-                          float2* __restrict__ cs_out) {
+                          const int32_t* __restrict__ positions, const float* __restrict__ inv_freq) {
   __shared__ float cos_pair[kMaxRopePairs], sin_pair[kMaxRopePairs];
   const int64_t row = blockIdx.x;
   const int pairs = rope_dim / 2;
@@ -179,8 +178,6 @@ __global__ void __launch_bounds__(kBlockThreads)
   __syncthreads();
   pdl_wait();
   pdl_launch_dependents();
-  if (cs_out && blockIdx.y == 0)  // the row's table for a later kernel (the attention's inverse RoPE)
-    for (int i = threadIdx.x; i < pairs; i += blockDim.x) cs_out[row * pairs + i] = make_float2(cos_pair[i], sin_pair[i]);
   const int lane = threadIdx.x % 32, head = int(blockIdx.y) * kWarpsPerBlock + threadIdx.x / 32;
   if (head >= heads) return;  // whole warps leave together
   uint16_t* v = x + (row * heads + head) * head_dim;
@@ -450,7 +447,7 @@ void rope(uint16_t* x, int64_t rows, int heads, int head_dim, int rope_dim, cons
 }
 
 void head_norm_rope(uint16_t* x, int64_t rows, int heads, int head_dim, float eps, int rope_dim, const int32_t* positions,
-                    const float* inv_freq, cudaStream_t stream, float2* cs_out) {
+                    const float* inv_freq, cudaStream_t stream) {
   if (heads <= 0 || head_dim <= 0 || head_dim % 2 || rope_dim <= 0 || rope_dim % 2 || rope_dim > head_dim ||
       rope_dim / 2 > kMaxRopePairs)
     fail("head_norm_rope: {} heads of {}, rope_dim {} (even, ≤ head_dim, ≤ {})", heads, head_dim, rope_dim,
@@ -459,7 +456,7 @@ void head_norm_rope(uint16_t* x, int64_t rows, int heads, int head_dim, float ep
   if (rows <= 0) return;
   check_grid(rows, "head_norm_rope");
   launch_programmatic(head_norm_rope_kernel, dim3(unsigned(rows), unsigned((heads + kWarpsPerBlock - 1) / kWarpsPerBlock)),
-                      dim3(kBlockThreads), 0, stream, x, heads, head_dim, eps, rope_dim, positions, inv_freq, cs_out);
+                      dim3(kBlockThreads), 0, stream, x, heads, head_dim, eps, rope_dim, positions, inv_freq);
 }
 
 bool norm_rope_fits(int head_dim, int rope_dim, const uint16_t* x, const uint16_t* weight, bool fp8_nope) {

@@ -41,9 +41,8 @@ void rope(uint16_t* x, int64_t rows, int heads, int head_dim, int rope_dim, cons
 
 // head_rms_norm then rope (not inverse) in one launch, the bits of the two: x [rows, heads,
 // head_dim] in place. A block per (row, 8 heads): for a decode step's few rows (prefill runs the two).
-// With cs_out ([rows][rope_dim / 2]): the (cos, sin) it rotated by, for a later kernel of the step.
 void head_norm_rope(uint16_t* x, int64_t rows, int heads, int head_dim, float eps, int rope_dim, const int32_t* positions,
-                    const float* inv_freq, cudaStream_t stream, float2* cs_out = nullptr);
+                    const float* inv_freq, cudaStream_t stream);
 
 // Backend::norm_rope in place: per head of head_dim (x [rows, heads, head_dim]), rms_norm with
 // `weight`, rope by positions[row], then with fp8_nope fp8_simulate of the first head_dim − rope_dim

@@ -48,12 +48,6 @@ constexpr int kRowBytes = kD * 2 + 16;        // bf16 row + 16 B: ldmatrix's 8 r
 constexpr int kRawRowBytes = kl::kEntryDataBytes + 16;  // 592: the dequantiser's lanes (one entry each) hit distinct banks
 constexpr int kChunksPerEntry = kl::kEntryDataBytes / 16;  // 36 × 16 B: 28 e4m3 (nope) + 8 bf16 (rope)
 constexpr int kNopeChunks = kl::kNopeDim / 16;
-constexpr int kMaxRopePairs = 32;  // SparseMlaArgs::rope_dim ≤ 64
-// The inverse RoPE is compiled into the 16-head tiles of 4 or 8 warps per row group (the 1–2 query
-// decode steps it is for): in the others (wider tiles, 2 warps with 256 dims of O each, the fused
-// combine) it costs registers they do not have.
-template <int kHeads, int kSplit>
-constexpr bool kDerotates = kHeads == 16 && kSplit >= 4;
 static_assert(kl::kNopeDim % 64 == 0 && kChunksPerEntry == 36, "entry layout");
 
 // kSplit warps share each 16-head row group: warp c of the group takes entries
@@ -77,8 +71,7 @@ struct Layout {
   static constexpr int row_sum = row_max + kSplit * kHeads * 4;
   static constexpr int src = row_sum + kSplit * kHeads * 4;  // [2 parities][kBlock] entry data pointers (null = none)
   static constexpr int ids = src + 2 * kBlock * 8;           // [2 parities][kBlock] entry ids (−1 = none)
-  static constexpr int rope = ids + 2 * kBlock * 4;          // [kMaxRopePairs] (cos, −sin) of the query's position
-  static constexpr int bytes = rope + kMaxRopePairs * 8;
+  static constexpr int bytes = ids + 2 * kBlock * 4;
   static_assert(kBlock == 32 || kBlock == 64, "block of 32 or 64 positions");
   static_assert((kSplit == 2 || kSplit == 4 || kSplit == 8) && kNTiles >= 1, "2, 4 or 8 warps per row group, ≥ 8 entries each");
   static_assert(kWarpDims * kSplit == kD && kDimTiles % 2 == 0, "whole 16-dim steps of O per warp");
@@ -101,11 +94,9 @@ __device__ __forceinline__ void group_barrier(int row_group, int threads) {
 // index math and the weights, which is where the merge's time went with 4 dims per thread at large
 // batch. Few jobs take more slices (more warps, more pieces per load batch), many jobs fewer.
 // L2 loads (__ldcg): the partials come from other CTAs.
-// kDerotate: the inverse RoPE of the output's last rope_dim dims, by the query's pairs of `table`
-// ([query][pair], made before the kernel's wait) or, without one, computed here.
-template <int kSlices, bool kDerotate = false>
+template <int kSlices>
 __device__ __forceinline__ void combine_head(const KernelParams& p, int heads_per_cta, int job, int first, int n,
-                                             int hl, int slice, int lane, const float2* table = nullptr) {
+                                             int hl, int slice, int lane) {
   constexpr int kDims = 16 / kSlices, kVecs = kDims / 4, kBatch = 4 * kSlices;
   const int dim0 = slice * (512 / kSlices) + lane * kDims;
   const float2* ml_of = p.plan.partial_ml + size_t(first) * heads_per_cta + hl;
@@ -154,21 +145,10 @@ __device__ __forceinline__ void combine_head(const KernelParams& p, int heads_pe
   const float m_final = mu == -INFINITY ? 0.f : mu;
   const float inv = 1.f / (sum + __expf(sink - m_final));
   uint2* dst = reinterpret_cast<uint2*>(p.a.out + (size_t(query) * p.n_heads + head) * 512 + dim0);
-  const int rope0 = kDerotate && p.a.inv_freq ? 512 - p.a.rope_dim : 512;  // the first derotated dim
 #pragma unroll
-  for (int k = 0; k < kDims / 4; ++k) {
-    uint32_t w[2] = {pack_bf16(acc[4 * k] * inv, acc[4 * k + 1] * inv), pack_bf16(acc[4 * k + 2] * inv, acc[4 * k + 3] * inv)};
-#pragma unroll
-    for (int e = 0; e < 2; ++e) {
-      const int dim = dim0 + 4 * k + 2 * e;
-      if (dim >= rope0) {
-        const int pair = (dim - rope0) / 2;
-        w[e] = sparse_mla_detail::derotate_pair(
-            w[e], table ? table[query * kMaxRopePairs + pair] : sparse_mla_detail::derotation(p.a, query, pair));
-      }
-    }
-    dst[k] = make_uint2(w[0], w[1]);
-  }
+  for (int k = 0; k < kDims / 4; ++k)
+    dst[k] = make_uint2(pack_bf16(acc[4 * k] * inv, acc[4 * k + 1] * inv),
+                        pack_bf16(acc[4 * k + 2] * inv, acc[4 * k + 3] * inv));
 }
 
 // ---- One piece: job × [block_begin, block_end) --------------------------------------------------
@@ -229,12 +209,6 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
 
   __syncthreads();  // the previous piece is done with every buffer
   if (tid < kBlock) stage_entry(block_begin * kBlock + tid, entry_id(block_begin * kBlock + tid), 0);
-  // The inverse RoPE's table for the output (whole jobs write it): the step's, made by an earlier
-  // kernel (SparseMlaArgs::rope_table), else computed here; its latency hides behind the list.
-  float2* rope_cs = reinterpret_cast<float2*>(smem + L::rope);
-  if constexpr (kDerotates<kHeads, kSplit>)
-    if (!kMaxPass && partial_slot < 0 && a.inv_freq && tid < a.rope_dim / 2)
-      rope_cs[tid] = sparse_mla_detail::derotation(a, query, tid);
   {
     const __nv_bfloat16* q_src = a.q + (size_t(query) * p.n_heads + head0) * kD;
     for (int i = tid; i < kHeads * (kD / 8); i += L::kThreads)
@@ -410,15 +384,9 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
       const float mu = m[h] == -INFINITY ? 0.f : m[h];
       const float inv = 1.f / (l[h] + __expf(a.sink[head] - mu));
       __nv_bfloat16* dst = a.out + (size_t(query) * p.n_heads + head) * kD + dim0;
-      // The first derotated dim (the table is published by the barriers since).
-      const int rope0 = a.inv_freq ? kD - a.rope_dim : kD;
 #pragma unroll
-      for (int nt = 0; nt < L::kDimTiles; ++nt) {
-        uint32_t w = pack_bf16(o[nt][2 * h] * inv, o[nt][2 * h + 1] * inv);
-        if constexpr (kDerotates<kHeads, kSplit>)
-          if (dim0 + nt * 8 >= rope0) w = sparse_mla_detail::derotate_pair(w, rope_cs[(dim0 + nt * 8 - rope0) / 2]);
-        *reinterpret_cast<uint32_t*>(dst + nt * 8) = w;
-      }
+      for (int nt = 0; nt < L::kDimTiles; ++nt)
+        *reinterpret_cast<uint32_t*>(dst + nt * 8) = pack_bf16(o[nt][2 * h] * inv, o[nt][2 * h + 1] * inv);
     }
   } else {
 #pragma unroll
@@ -494,17 +462,6 @@ __global__ void __launch_bounds__(Layout<kHeads, kBlock, kSplit>::kThreads, 1)
 // decode CTA.
 template <int kSlices>
 __global__ void sparse_mla_combine_kernel(const KernelParams p, int heads_per_cta) {
-  // The inverse RoPE's table of every query, before the wait (the split runs for up to 16 queries;
-  // more, as forced splits may have, compute theirs in combine_head).
-  constexpr int kTableQueries = 16;
-  __shared__ float2 table[kTableQueries * kMaxRopePairs];
-  const bool tabled = p.a.inv_freq && p.a.num_queries <= kTableQueries;
-  if (tabled) {
-    for (int i = threadIdx.x; i < p.a.num_queries * kMaxRopePairs; i += blockDim.x)
-      if (i % kMaxRopePairs < p.a.rope_dim / 2)
-        table[i] = sparse_mla_detail::derotation(p.a, i / kMaxRopePairs, i % kMaxRopePairs);
-    __syncthreads();
-  }
   pdl_wait();  // the decode kernel's partials
   pdl_launch_dependents();
   // No job cut between CTAs (as many pieces as jobs): nothing to merge. Without this exit every
@@ -515,9 +472,7 @@ __global__ void sparse_mla_combine_kernel(const KernelParams p, int heads_per_ct
   for (int item = blockIdx.x * warps + threadIdx.x / 32; item < items; item += gridDim.x * warps) {
     const int job = item / per_job, rest = item % per_job;
     const int first = p.plan.job_first_piece[job], n = p.plan.job_first_piece[job + 1] - first;
-    if (n > 1)
-      combine_head<kSlices, true>(p, heads_per_cta, job, first, n, rest / kSlices, rest % kSlices, lane,
-                                  tabled ? table : nullptr);
+    if (n > 1) combine_head<kSlices>(p, heads_per_cta, job, first, n, rest / kSlices, rest % kSlices, lane);
   }
 }
 
@@ -583,18 +538,11 @@ int sparse_mla_ctas_per_sm(int heads_per_cta, int block_entries, int row_group_w
 
 bool sparse_mla_wgmma_available() { return sparse_mla_detail::sparse_mla_wgmma_supported(); }
 
-bool sparse_mla_derotates(const SparseMlaPlan& plan) {
-  return !plan.wgmma() && plan.heads_per_cta() == 16 && plan.row_group_warps() >= 4 && !plan.shape().fused_combine;
-}
-
 void sparse_mla_decode(const SparseMlaPlan& plan, const SparseMlaArgs& args, cudaStream_t stream) {
   const int hpc = plan.heads_per_cta();
   DSV4_CHECK(args.num_queries <= plan.shape().max_queries, "sparse MLA: {} queries > plan max {}", args.num_queries,
              plan.shape().max_queries);
   if (args.num_queries == 0) return;
-  DSV4_CHECK(!args.inv_freq || (sparse_mla_derotates(plan) && args.positions && args.rope_dim > 0 &&
-                                args.rope_dim % 2 == 0 && args.rope_dim / 2 <= kMaxRopePairs),
-             "sparse MLA: the inverse RoPE runs on the mma.sync kernel, rope_dim even up to {}", 2 * kMaxRopePairs);
   KernelParams kp{args,
                   plan.view(),
                   plan.shape().n_heads,

@@ -137,21 +137,7 @@ struct SparseMlaArgs {
   float scale = 0.044194173824159216f;   // 512^-0.5
   __nv_bfloat16* out = nullptr;          // [num_queries, n_heads, 512]
   int num_queries = 0;
-  // With inv_freq: the output's last rope_dim dims of every head rotated back by the query's
-  // position (positions [num_queries]), as row_ops.h rope(…, inverse) does after it — the bits of
-  // attention then that op. The mma.sync kernel's 16-head tiles of 4 or 8 warps per row group with
-  // the separate combine only (sparse_mla_derotates). The combine reads positions before its
-  // programmatic wait (the cos/sin overlap the decode kernel): they must not be that kernel's output.
-  const int32_t* positions = nullptr;
-  const float* inv_freq = nullptr;  // [rope_dim / 2], RopeTable::device
-  int rope_dim = 0;
-  // (cos, sin) of every query's angles, [num_queries][rope_dim / 2] (row_ops.h head_norm_rope's
-  // table), read after the wait; null: the kernels compute them (double precision, as rope).
-  const float2* rope_table = nullptr;
 };
-
-// Whether sparse_mla_decode applies SparseMlaArgs' inverse RoPE with this plan.
-bool sparse_mla_derotates(const SparseMlaPlan& plan);
 
 // Whether SparseMlaKernel::Wgmma can run on this GPU (sm_90 with the sm_90a build).
 bool sparse_mla_wgmma_available();

@@ -5,7 +5,6 @@
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
 
-#include "backend/cuda/quant_math.cuh"
 #include "backend/cuda/sparse_mla_decode.h"
 
 namespace dsv4::cuda::sparse_mla_detail {
@@ -23,25 +22,6 @@ struct KernelParams {
   bool reference_rounding = false;
   bool max_pass = false;
 };
-
-// The inverse RoPE of one output pair (dims 2i, 2i + 1 of the last rope_dim): the cos and the
-// negated sin of the query position's angle (row_ops.cu row_rope_table: the f32 angle, cos and sin
-// in double rounded to f32), then rotate_pair's arithmetic on the pair's bf16 values.
-// From the step's table where there is one (the same values, made by head_norm_rope).
-__device__ __forceinline__ float2 derotation(const SparseMlaArgs& a, int query, int pair) {
-  if (a.rope_table) {
-    const float2 cs = a.rope_table[query * (a.rope_dim / 2) + pair];
-    return make_float2(cs.x, -cs.y);
-  }
-  const double angle = double(__fmul_rn(float(a.positions[query]), a.inv_freq[pair]));
-  return make_float2(float(cos(angle)), -float(sin(angle)));
-}
-__device__ __forceinline__ uint32_t derotate_pair(uint32_t bf16x2, float2 cs) {
-  const float x = __uint_as_float(bf16x2 << 16), y = __uint_as_float(bf16x2 & 0xffff0000u);
-  const float even = __fsub_rn(__fmul_rn(x, cs.x), __fmul_rn(y, cs.y));
-  const float odd = __fadd_rn(__fmul_rn(x, cs.y), __fmul_rn(y, cs.x));
-  return uint32_t(bf16_bits(even)) | uint32_t(bf16_bits(odd)) << 16;
-}
 
 // Threads of the separate combine kernel's CTAs (8 warps).
 constexpr int kCombineThreads = 256;
