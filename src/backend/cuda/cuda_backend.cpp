@@ -132,7 +132,7 @@ std::string CudaBackend::name() const {
 
 void CudaBackend::synchronize() {
   join_side();
-  shared_ahead_.reset();  // (joined: a begun shared expert nobody took)
+  drop_shared_ahead();
   stream_.sync();
 }
 
@@ -154,6 +154,7 @@ void CudaBackend::join_side() {
 
 
 void CudaBackend::begin_capture() {
+  drop_shared_ahead();  // (its branch began outside the recording)
   // Thread-local mode: a driver allocation or a synchronising call from this thread while
   // recording is an error, so a recording that succeeds proves the step does neither.
   DSV4_CUDA_CHECK(cudaStreamBeginCapture(stream(), cudaStreamCaptureModeThreadLocal));
@@ -163,6 +164,7 @@ void CudaBackend::begin_capture() {
 std::unique_ptr<CapturedWork> CudaBackend::end_capture() {
   memory_->set_recording(false);
   join_side();  // a recording ends on the stream it began on, every branch joined
+  drop_shared_ahead();
   auto g = std::make_unique<CudaGraph>();
   const cudaError_t err = cudaStreamEndCapture(stream(), &g->graph);
   if (err != cudaSuccess) {
@@ -281,20 +283,20 @@ Tensor CudaBackend::embed(const Tensor& ids, const uint16_t* table, int dim) {
 
 Fp8Rows CudaBackend::attach_quant_companion(Tensor& out, bool values) {
   const int64_t rows = out.rows(), K = out.numel() / std::max<int64_t>(rows, 1);
-  auto c = std::make_shared<QuantCompanion>();
+  auto c = std::make_shared<QuantCompanion>();  // (held as a Companion: companion_of casts back to it)
   c->q = alloc(DType::U8, {rows, K});
   c->s = alloc(DType::F32, {rows, K / 128});
   if (values) c->values = alloc(DType::BF16, {rows, K});
   c->of = out.data;
   const Fp8Rows rows_out{c->q.ptr<uint8_t>(), c->s.ptr<float>(), values ? c->values.ptr<uint16_t>() : nullptr};
-  out.companion = std::move(c);
+  out.companion = std::shared_ptr<const Companion>(std::move(c));
   return rows_out;
 }
 
 const CudaBackend::QuantCompanion* CudaBackend::quant_companion(const Tensor& x, int64_t K) {
-  const auto* c = static_cast<const QuantCompanion*>(x.companion.get());
+  const QuantCompanion* c = companion_of<QuantCompanion>(x);
   const int64_t rows = x.rows();
-  return c && c->of == x.data && x.dtype == DType::BF16 && x.numel() == rows * K && c->q.numel() == rows * K ? c
+  return c && x.dtype == DType::BF16 && x.numel() == rows * K && c->q.numel() == rows * K ? c
                                                                                                             : nullptr;
 }
 
@@ -567,12 +569,7 @@ Tensor CudaBackend::gather_rows(const Tensor& src, const Tensor& rows) {
 Fp8Rows CudaBackend::hc_quant_companion(Tensor& out) {
   const int64_t T = out.rows(), D = out.numel() / std::max<int64_t>(T, 1);
   if (!one_launch_ || T > kQuantCompanionRows || !cuda::act_quant_rows_fit(D)) return {};
-  const Fp8Rows quant = attach_quant_companion(out, true);
-  if (!cuda::hc_norm_quant_fits(int(D), quant)) {
-    out.companion.reset();
-    return {};
-  }
-  return quant;
+  return attach_quant_companion(out, true);  // (pool blocks: aligned as the kernels need, hc_norm_quant_fits)
 }
 
 // The norm after the mixes runs inside the finishing kernel where its shape allows (always for DeepSeek-V4),

@@ -178,10 +178,18 @@ class CudaBackend final : public Backend {
   // quantising launch is a dependent round on the chain; a prefill chunk's linears quantise in their
   // own launch). `of` is the output's data, so that a view of other memory never takes it.
   static constexpr int64_t kQuantCompanionRows = 64;
-  struct QuantCompanion {
-    Tensor q, s, values;
-    const void* of = nullptr;
+  // Tensor::companion on this backend points to one of these (as a Companion), told apart by type.
+  struct Companion {
+    virtual ~Companion() = default;
+    const void* of = nullptr;  // the data it was made beside
   };
+  struct QuantCompanion : Companion, MoeInput {};
+  // x's companion of type C, if it was made beside x's data.
+  template <typename C>
+  static const C* companion_of(const Tensor& x) {
+    const auto* typed = dynamic_cast<const C*>(static_cast<const Companion*>(x.companion.get()));
+    return typed && typed->of == x.data ? typed : nullptr;
+  }
   // Allocates out's companion (values too if asked) and returns the kernels' pointers to it.
   Fp8Rows attach_quant_companion(Tensor& out, bool values);
   // x's companion if it holds x's rows of width K, else null.
@@ -202,7 +210,8 @@ class CudaBackend final : public Backend {
                               bool f32, std::vector<Tensor>& keep);
   // The shared expert moe_begin started on the branch (before the router), for the moe_experts of
   // the same x, weights and limit; its tensors live until the branch is joined. A begun expert
-  // nobody takes is joined and dropped by the next moe_begin, moe_expert_partials or synchronize.
+  // nobody takes is joined and dropped by the next moe_begin, moe_expert_partials, synchronize or
+  // the start or end of a recording.
   struct SharedAhead {
     const void* x = nullptr;
     const MoeWeights* w = nullptr;
@@ -214,6 +223,8 @@ class CudaBackend final : public Backend {
   std::unique_ptr<SharedAhead> shared_ahead_;
   // shared_ahead_ for this call (null if it was begun for another), the branch joined first otherwise.
   std::unique_ptr<SharedAhead> take_shared_ahead(const Tensor& x, const MoeWeights& w, float swiglu_limit, bool values);
+  // A begun shared expert nobody took: the branch joined, then its tensors go.
+  void drop_shared_ahead();
   // A branch of work beside the stream: ops called between fork_side and unfork_side enqueue on
   // side_, which first waits for the stream; join_side makes the stream wait for side_. A recording
   // holds the branch as a graph branch. Tensors the branch uses must live until join_side: the pool

@@ -131,8 +131,8 @@ CudaBackend::MoeInput CudaBackend::quantise_moe_input(const Tensor& x, bool valu
   MoeInput in;
   if (!T || D % 128) return in;
   if (const QuantCompanion* c = quant_companion(x, D); c && (!values || c->values.data)) {
-    in.q = c->q, in.s = c->s;  // quantised by the op that wrote x (the hyper-connections' normed x_in)
-    if (values) in.values = c->values;
+    in = *c;  // quantised by the op that wrote x (the hyper-connections' normed x_in)
+    if (!values) in.values = {};
     return in;
   }
   in.q = alloc(DType::U8, {T, D});
@@ -194,10 +194,7 @@ MoeFp4Path CudaBackend::moe_path(const MoeFp4Shape& shape, int tokens, int k) co
 // the branch from here it streams its weights while the gate and the top-k (latency-bound, HBM idle)
 // run on the stream, instead of beside the routed experts only (docs/perf/2026-12-05-producer-codes.md).
 void CudaBackend::moe_begin(const Tensor& x, const MoeWeights& w, float swiglu_limit) {
-  if (shared_ahead_) {  // begun and never taken: joined before its tensors go
-    join_side();
-    shared_ahead_.reset();
-  }
+  drop_shared_ahead();
   const int64_t T = x.rows(), D = x.numel() / std::max<int64_t>(T, 1);
   if (!T || T > shared_branch_rows_ || D % 128 || !w.prepared) return;
   auto ahead = std::make_unique<SharedAhead>();
@@ -207,6 +204,12 @@ void CudaBackend::moe_begin(const Tensor& x, const MoeWeights& w, float swiglu_l
   ahead->y = shared_expert(x, ahead->in, w.shared, swiglu_limit, false, &ahead->keep);
   unfork_side();
   shared_ahead_ = std::move(ahead);
+}
+
+void CudaBackend::drop_shared_ahead() {
+  if (!shared_ahead_) return;
+  join_side();
+  shared_ahead_.reset();
 }
 
 std::unique_ptr<CudaBackend::SharedAhead> CudaBackend::take_shared_ahead(const Tensor& x, const MoeWeights& w,
@@ -254,10 +257,7 @@ Tensor CudaBackend::moe_expert_partials(const Tensor& x, const Routing& r, const
   const MoeFp4Weights& mw = prepared_weights(w);
   const MoeFp4Path path = moe_path(mw.shape(), int(T), k);
   const int local = mw.shape().experts;
-  if (shared_ahead_) {  // (the split model does not begin one; joined before its tensors go)
-    join_side();
-    shared_ahead_.reset();
-  }
+  drop_shared_ahead();  // (the split model does not begin one)
   // Expert parallelism: the pairs of experts this rank holds, by local index (the others → −1).
   Tensor local_ids = r.ids;
   if (w.expert_begin != 0 || (w.n_routed && local != w.n_routed)) {
