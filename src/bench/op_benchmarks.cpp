@@ -11,7 +11,8 @@ void run_op_benchmark(const std::string& op) {
   if (op == "attention") return bench_attention();
   if (op == "indexer") return bench_indexer();
   if (op == "linear") return bench_linear();
-  fail("bench-ops: unknown op '{}' (expected moe, moe-repack, attention, indexer or linear)", op);
+  if (op == "persistent") return bench_persistent_layer();
+  fail("bench-ops: unknown op '{}' (expected moe, moe-repack, attention, indexer, linear or persistent)", op);
 }
 
 }  // namespace dsv4::bench

@@ -14,5 +14,6 @@ void bench_moe_repack();
 void bench_attention();
 void bench_indexer();
 void bench_linear();
+void bench_persistent_layer();
 
 }  // namespace dsv4::bench

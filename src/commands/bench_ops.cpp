@@ -15,9 +15,9 @@ namespace dsv4::commands {
 void add_bench_ops_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench-ops", "Benchmark GPU kernels (markdown tables on stdout)");
   auto op = std::make_shared<std::string>();
-  cmd->add_option("op", *op, "Which op: moe | moe-repack | attention | indexer | linear")
+  cmd->add_option("op", *op, "Which op: moe | moe-repack | attention | indexer | linear | persistent")
       ->required()
-      ->check(one_of({"moe", "moe-repack", "attention", "indexer", "linear"}));
+      ->check(one_of({"moe", "moe-repack", "attention", "indexer", "linear", "persistent"}));
   cmd->footer(
       "Each table times CUDA-graph replays over rotating weights/caches and reports % of the\n"
       "device-to-device copy bandwidth measured in the same run. Environment variables narrow a run:\n"
@@ -33,7 +33,9 @@ void add_bench_ops_command(CLI::App& app) {
       "  linear:    the Flash FP8 projections and the bf16 head, CUDA-core kernel vs cuBLASLt, M = 1 … 8192\n"
       "             DSV4_LINEAR_BENCH_SHAPES=wq_b,head      wq_a wq_b wkv wo_b indexer_wq_b shared_w1_w3\n"
       "                                                   shared_w2 head\n"
-      "             DSV4_LINEAR_BENCH_ROWS=1,128            row counts M\n");
+      "             DSV4_LINEAR_BENCH_ROWS=1,128            row counts M\n"
+      "  persistent: a SWA layer at one row as a kernel chain and as one resident kernel (grid barriers;\n"
+      "             with and without the next weights copied to shared memory during latency stretches)\n");
   cmd->callback([op] {
     // Checked first, so a machine without a GPU gets one line instead of a driver error.
     const std::string why = cuda_unavailable_reason();
