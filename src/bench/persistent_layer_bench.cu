@@ -4,9 +4,9 @@
 // attention, the router) runs on a few SMs and HBM idles (docs/perf/2026-12-05-producer-codes.md:
 // ~60 of a SWA layer's ~162 µs on an H100). A kernel chain cannot read the next weights during those
 // stretches (an L2 prefetch beside them lost, docs/perf/2026-12-03-l2-prefetch.md); a resident kernel
-// could hold them in shared memory. This benchmark runs a synthetic SWA layer — its latency stretches
-// as one block busy for the traced time, each followed by the bytes the trace reads after it — three
-// ways over the same bytes:
+// could hold them in shared memory. This benchmark runs each layer kind (SWA, CSA, HCA) — its latency
+// stretches as one block busy for the traced time, each followed by the bytes the trace reads after
+// it — three ways over the same bytes, then projects DeepSeek-V4-Flash's 43 layers from them:
 //  - chain: a kernel per piece, programmatic launches, one CUDA graph (the engine's structure today);
 //  - persistent: one resident kernel (a block per SM, cooperative launch), a grid barrier after each
 //    piece (the latency stage needs the whole output before it, the weights the stage's result);
@@ -46,26 +46,29 @@ constexpr int kLayers = 4;       // distinct weights per pass (rotation past L2)
 constexpr int kPasses = 5;
 constexpr uint32_t kCopyPiece = 32768;  // bytes per bulk copy
 
-// One latency stretch (ns of one busy block) and the weights read after it.
+// One latency stretch (µs of one busy block) and the weights read after it.
 struct Piece {
-  const char* name;
   double latency_us;
   double megabytes;
 };
-// A SWA layer at one row on an H100 (the 3d5a872 trace of docs/perf/2026-12-05-producer-codes.md,
-// run 4): the µs from the end of one weight-reading kernel to the start of streaming in the next,
-// and the bytes each reads (MoE: 6 routed experts MXFP4 + the shared expert FP8).
-constexpr Piece kSwaLayer[] = {
-    {"hc_post + hc_pre → wq_a + wkv", 11.0, 6.29},
-    {"q norm → wq_b", 2.5, 33.55},
-    {"head norm + RoPE, attention, inverse RoPE → wo_a", 21.0, 67.11},
-    {"act_quant → wo_b", 1.5, 33.55},
-    {"hc_post + hc_pre, gate, top-k → experts' gate-up", 17.0, 68.7},
-    {"SwiGLU rounding → experts' down", 2.5, 33.6},
-    {"combine", 4.5, 0},
+// The three layer kinds at one row on an H100 (the 3d5a872 trace of
+// docs/perf/2026-12-05-producer-codes.md, run 4, layers 1–3): the µs from the end of one
+// weight-reading kernel to the start of streaming in the next, and the MB each group reads. Stretches:
+// hc_post + hc_pre; q's norm; (CSA: the indexer's chain) head norm + RoPE, attention, inverse RoPE;
+// act_quant; hc_post + hc_pre, gate and top-k (the shared expert's w1/w3 streams beside them);
+// the SwiGLU rounding; the combine. Weights after them: wq_a + wkv (+ the compressors' projections),
+// wq_b (+ the indexer's), wo_a, wo_b, the experts' gate-up (6 routed MXFP4 + the shared FP8), their down.
+struct LayerKind {
+  const char* name;
+  int in_flash;  // layers of this kind in DeepSeek-V4-Flash's 43
+  int count;
+  Piece piece[kMaxPieces];
 };
-constexpr int kPieces = int(sizeof(kSwaLayer) / sizeof(kSwaLayer[0]));
-static_assert(kPieces <= kMaxPieces);
+constexpr LayerKind kKinds[] = {
+    {"SWA", 2, 7, {{11.0, 6.29}, {2.5, 33.55}, {21.0, 67.11}, {1.5, 33.55}, {19.0, 68.7}, {2.0, 33.6}, {4.5, 0}}},
+    {"CSA", 21, 7, {{11.0, 23.1}, {3.6, 41.95}, {53.6, 67.11}, {1.2, 33.55}, {19.0, 68.7}, {1.8, 33.6}, {4.4, 0}}},
+    {"HCA", 20, 7, {{11.0, 14.7}, {4.8, 33.55}, {28.8, 67.11}, {1.1, 33.55}, {20.0, 68.7}, {2.1, 33.6}, {3.7, 0}}},
+};
 
 struct DevicePiece {
   long long busy_cycles;
@@ -227,25 +230,24 @@ void bench_persistent_layer() {
   if (!cooperative) fail("bench-ops persistent: this GPU has no cooperative launch (the persistent forms need one)");
 
   // A layer's pieces at the traced sizes; `weights` / `latency` false zero them (the calibration rows).
-  const auto make_layer = [&](bool latency, bool weights) {
+  const auto make_layer = [&](const LayerKind& kind, bool latency, bool weights) {
     DeviceLayer d{};
-    d.count = kPieces;
+    d.count = kind.count;
     size_t offset = 0;
-    for (int i = 0; i < kPieces; ++i) {
-      const size_t bytes = weights ? size_t(kSwaLayer[i].megabytes * 1e6) / 16 * 16 : 0;
+    for (int i = 0; i < kind.count; ++i) {
+      const size_t bytes = weights ? size_t(kind.piece[i].megabytes * 1e6) / 16 * 16 : 0;
       // (clock64 counts SM cycles at the running clock; the reported clock is the maximum, so a busy
       // stretch may run longer where the clock is lower: the "latency only" rows measure it.)
-      d.piece[i] = {latency ? (long long)(kSwaLayer[i].latency_us * clock_khz * 1e-3) : 0, offset, bytes};
+      d.piece[i] = {latency ? (long long)(kind.piece[i].latency_us * clock_khz * 1e-3) : 0, offset, bytes};
       offset += (bytes + 4095) / 4096 * 4096;
     }
     d.bytes = std::max<size_t>(offset, 4096);
     return d;
   };
-  const DeviceLayer full = make_layer(true, true);
-  double layer_mb = 0, latency_us = 0;
-  for (const Piece& p : kSwaLayer) layer_mb += p.megabytes, latency_us += p.latency_us;
+  size_t most_bytes = 0;
+  for (const LayerKind& k : kKinds) most_bytes = std::max(most_bytes, make_layer(k, true, true).bytes);
 
-  DeviceBuffer<uint8_t> weights(full.bytes * kLayers);
+  DeviceBuffer<uint8_t> weights(most_bytes * kLayers);
   weights.fill_bytes(3);
   DeviceBuffer<uint32_t> sink{size_t(sms)};
   sink.fill_bytes(0);
@@ -301,32 +303,60 @@ void bench_persistent_layer() {
     return double(stop.elapsed_ms_since(start)) * 1e3 / (kPasses * kLayers);
   };
 
-  const DeviceLayer latency_only = make_layer(true, false), weights_only = make_layer(false, true);
-  const double chain_latency = chain(latency_only), chain_weights = chain(weights_only), chain_full = chain(full);
-  const double pers_latency = persistent(latency_only, false), pers_weights = persistent(weights_only, false),
-               pers_full = persistent(full, false), pref_full = persistent(full, true);
-  (void)sink.download(stream.get());
-  const double copy_us = layer_mb * 1e3 / copy_gbs;
-
-  Table table({"form", "pieces", "µs per layer", "weights GB/s", "% of copy", "vs chain"});
-  const auto row = [&](const std::string& form, const std::string& pieces, double us, double vs) {
-    const double gbs = layer_mb * 1e3 / us;
-    table.add({form, pieces, fmt::format("{:.1f}", us), fmt::format("{:.0f}", gbs), fmt::format("{:.1f}", 100 * gbs / copy_gbs),
-               vs > 0 ? fmt::format("{:.2f}×", vs / us) : ""});
+  // Per kind: the forms' µs per layer; then DeepSeek-V4-Flash's 43 layers from them.
+  struct Times {
+    double chain, persistent, prefetched, serial, overlapped;
   };
-  table.add({"chain", "latency only", fmt::format("{:.1f}", chain_latency), "", "", ""});
-  table.add({"chain", "weights only", fmt::format("{:.1f}", chain_weights), fmt::format("{:.0f}", layer_mb * 1e3 / chain_weights),
-             fmt::format("{:.1f}", 100 * layer_mb * 1e3 / chain_weights / copy_gbs), ""});
-  row("chain", "both", chain_full, 0);
-  table.add({"persistent", "latency only", fmt::format("{:.1f}", pers_latency), "", "", ""});
-  table.add({"persistent", "weights only", fmt::format("{:.1f}", pers_weights), fmt::format("{:.0f}", layer_mb * 1e3 / pers_weights),
-             fmt::format("{:.1f}", 100 * layer_mb * 1e3 / pers_weights / copy_gbs), ""});
-  row("persistent", "both", pers_full, chain_full);
-  row(fmt::format("prefetched ({} KB of shared memory a block)", smem_bytes / 1024), "both", pref_full, chain_full);
-  row("bound: nothing overlaps (Σ latency + bytes at copy speed)", "both", latency_us + copy_us, chain_full);
-  row("bound: everything overlaps (max of the two)", "both", std::max(latency_us, copy_us), chain_full);
-  table.print(fmt::format("A SWA layer at one row: {} latency stretches ({:.1f} µs as traced on an H100), {:.1f} MB of weights",
-                          kPieces, latency_us, layer_mb));
+  Times step{};
+  double step_mb = 0;
+  for (const LayerKind& kind : kKinds) {
+    const DeviceLayer full = make_layer(kind, true, true), latency_only = make_layer(kind, true, false),
+                      weights_only = make_layer(kind, false, true);
+    double layer_mb = 0, latency_us = 0;
+    for (int i = 0; i < kind.count; ++i) layer_mb += kind.piece[i].megabytes, latency_us += kind.piece[i].latency_us;
+    const double chain_latency = chain(latency_only), chain_weights = chain(weights_only), chain_full = chain(full);
+    const double pers_latency = persistent(latency_only, false), pers_weights = persistent(weights_only, false),
+                 pers_full = persistent(full, false), pref_full = persistent(full, true);
+    const double copy_us = layer_mb * 1e3 / copy_gbs;
+    const Times t{chain_full, pers_full, pref_full, latency_us + copy_us, std::max(latency_us, copy_us)};
+    step.chain += kind.in_flash * t.chain, step.persistent += kind.in_flash * t.persistent;
+    step.prefetched += kind.in_flash * t.prefetched, step.serial += kind.in_flash * t.serial;
+    step.overlapped += kind.in_flash * t.overlapped, step_mb += kind.in_flash * layer_mb;
+
+    Table table({"form", "pieces", "µs per layer", "weights GB/s", "% of copy", "vs chain"});
+    const auto row = [&](const std::string& form, const std::string& pieces, double us, bool bytes, double vs) {
+      const double gbs = layer_mb * 1e3 / us;
+      table.add({form, pieces, fmt::format("{:.1f}", us), bytes ? fmt::format("{:.0f}", gbs) : "",
+                 bytes ? fmt::format("{:.1f}", 100 * gbs / copy_gbs) : "", vs > 0 ? fmt::format("{:.2f}×", vs / us) : ""});
+    };
+    row("chain", "latency only", chain_latency, false, 0);
+    row("chain", "weights only", chain_weights, true, 0);
+    row("chain", "both", chain_full, true, 0);
+    row("persistent", "latency only", pers_latency, false, 0);
+    row("persistent", "weights only", pers_weights, true, 0);
+    row("persistent", "both", pers_full, true, chain_full);
+    row(fmt::format("prefetched ({} KB of shared memory a block)", smem_bytes / 1024), "both", pref_full, true, chain_full);
+    row("bound: nothing overlaps (Σ latency + bytes at copy speed)", "both", t.serial, true, chain_full);
+    row("bound: everything overlaps (the larger of the two)", "both", t.overlapped, true, chain_full);
+    table.print(fmt::format("{} layer at one row: {} latency stretches ({:.1f} µs as traced on an H100), {:.1f} MB of weights",
+                            kind.name, kind.count, latency_us, layer_mb));
+  }
+  (void)sink.download(stream.get());
+
+  Table total({"form", "43 layers, µs", "weights GB/s", "% of copy", "vs chain"});
+  const auto total_row = [&](const std::string& form, double us) {
+    const double gbs = step_mb * 1e3 / us;
+    total.add({form, fmt::format("{:.0f}", us), fmt::format("{:.0f}", gbs), fmt::format("{:.1f}", 100 * gbs / copy_gbs),
+               fmt::format("{:.2f}×", step.chain / us)});
+  };
+  total_row("chain", step.chain);
+  total_row("persistent", step.persistent);
+  total_row("prefetched", step.prefetched);
+  total_row("bound: nothing overlaps", step.serial);
+  total_row("bound: everything overlaps", step.overlapped);
+  std::string mix;
+  for (const LayerKind& k : kKinds) mix += fmt::format("{}{} {}", mix.empty() ? "" : " + ", k.in_flash, k.name);
+  total.print(fmt::format("DeepSeek-V4-Flash's layers ({}; no embedding or head)", mix));
 }
 
 }  // namespace dsv4::bench
