@@ -121,12 +121,14 @@ __device__ __noinline__ uint32_t stream_sum(const uint8_t* w, size_t begin, size
   return acc;
 }
 
-// The block's sum into sink (read back, so nothing is optimised away).
+// The block's sum into sink (read back, so nothing is optimised away): a warp's sum first, so that
+// the chain's kernels end with 32 shared atomics, not 1024 on one word.
 __device__ void publish(uint32_t acc, uint32_t* sink) {
   __shared__ uint32_t total;
   if (threadIdx.x == 0) total = 0;
   __syncthreads();
-  atomicAdd(&total, acc);
+  acc = __reduce_add_sync(0xffffffffu, acc);
+  if (threadIdx.x % 32 == 0) atomicAdd(&total, acc);
   __syncthreads();
   if (threadIdx.x == 0) sink[blockIdx.x] += total;
 }
