@@ -83,7 +83,7 @@ std::unique_ptr<CapturedWork> ProfilingBackend::end_capture() {
 }
 
 template <typename F>
-auto ProfilingBackend::timed(std::string op, OpCost moved, F&& f, std::function<OpCost()> after) {
+auto ProfilingBackend::timed(std::string op, OpCost moved, F&& f, std::function<OpCost()> after, bool continues) {
   using R = std::invoke_result_t<F>;
   if (recording_) {
     RecordedOp r{std::move(op), region_, inner_->recorded_items(), 0};
@@ -102,6 +102,7 @@ auto ProfilingBackend::timed(std::string op, OpCost moved, F&& f, std::function<
   p.record.op = std::move(op);
   p.record.region = region_;
   p.record.cost = moved;
+  p.record.continues = continues;
   p.cost_after = std::move(after);
   p.from = inner_->mark();
   if constexpr (std::is_void_v<R>) {
@@ -309,6 +310,7 @@ Routing ProfilingBackend::route(const Tensor& x, const MoeWeights& w, const Tens
                                      : weights_and(2.0 * E * D + 4 * E, bytes(x));
   return timed(w.hash_table ? "route (hash)" : "route", moved, [&] { return inner_->route(x, w, token_ids, k, route_scale); });
 }
+constexpr const char* kMoeExpertsOp = "moe_experts (shared + routed)";
 // What the MoE moves: the shared expert, and each distinct routed expert of this rank the rows
 // chose, once (counted after the step from the ids).
 Tensor ProfilingBackend::timed_moe(const Tensor& x, const Routing& r, const MoeWeights& w,
@@ -326,7 +328,7 @@ Tensor ProfilingBackend::timed_moe(const Tensor& x, const Routing& r, const MoeW
   // The expected share of the pairs that land on this rank's experts (expert parallelism).
   const double held = w.n_routed == 0 ? 1.0 : double(w.experts.size()) / double(w.n_routed);
   const double flops = 2.0 * 3 * s.w1.out * s.w1.in * rows(x) + expert_flops * double(r.ids.numel()) * held;
-  return timed("moe_experts (shared + routed)", weights_and(shared, bytes(x) + bytes(r.ids) + bytes(r.weights), flops), run,
+  return timed(kMoeExpertsOp, weights_and(shared, bytes(x) + bytes(r.ids) + bytes(r.weights), flops), run,
                [this, ids = r.ids, expert, begin, end] {
                  const auto v = read_i32(*inner_, ids);
                  std::set<int32_t> distinct;
@@ -336,10 +338,11 @@ Tensor ProfilingBackend::timed_moe(const Tensor& x, const Routing& r, const MoeW
                });
 }
 
-// The work begun here (the shared expert, where the backend begins it) is moe_experts' own: its bytes
-// stay counted there, and its time shows in the replayed column of this op.
+// The work begun here (the shared expert, where the backend begins it) is moe_experts' own: recorded
+// under its name as a continuation, so that its time, its replayed items and its bytes (counted by
+// moe_experts) stay in one row, and a backend that begins nothing adds no row of its own.
 void ProfilingBackend::moe_begin(const Tensor& x, const MoeWeights& w, float swiglu_limit) {
-  timed("moe_begin (shared expert beside the router)", act(0), [&] { inner_->moe_begin(x, w, swiglu_limit); });
+  timed(kMoeExpertsOp, act(0), [&] { inner_->moe_begin(x, w, swiglu_limit); }, {}, true);
 }
 Tensor ProfilingBackend::moe_experts(const Tensor& x, const Routing& r, const MoeWeights& w, float swiglu_limit) {
   return timed_moe(x, r, w, [&] { return inner_->moe_experts(x, r, w, swiglu_limit); });

@@ -32,6 +32,9 @@ class ProfilingBackend final : public Backend {
     int region = -1;  // set_region's value when it was called
     double ms = 0;
     OpCost cost;
+    // Work begun early for a later op of the same name (moe_begin's shared expert, moe_experts'
+    // own): its time and bytes add to that op's row, but it is not a call.
+    bool continues = false;
   };
 
   explicit ProfilingBackend(std::unique_ptr<Backend> inner);
@@ -156,9 +159,11 @@ class ProfilingBackend final : public Backend {
     int from = 0, to = 0;
     std::function<OpCost()> cost_after;  // data-dependent costs, read after the step
   };
-  // Runs f between two marks as op `op` moving `bytes` (+ its result's bytes for a Tensor).
+  // Runs f between two marks as op `op` moving `bytes` (+ its result's bytes for a Tensor);
+  // `continues`: OpRecord::continues.
   Tensor timed_moe(const Tensor& x, const Routing& r, const MoeWeights& w, const std::function<Tensor()>& run);
-  template <typename F> auto timed(std::string op, OpCost bytes, F&& f, std::function<OpCost()> after = {});
+  template <typename F>
+  auto timed(std::string op, OpCost bytes, F&& f, std::function<OpCost()> after = {}, bool continues = false);
 
   std::unique_ptr<Backend> inner_;
   bool on_ = false, recording_ = false;

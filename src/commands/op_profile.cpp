@@ -26,7 +26,7 @@ OpProfile summarise_ops(const std::vector<std::vector<ProfilingBackend::OpRecord
       for (OpTotal* t : {&by_op[{r.op, region_kind(r.region, c)}], &p.regions[r.region]}) {
         t->ms += r.ms * per;
         t->cost.add(r.cost, per);
-        t->calls += s == 0;
+        t->calls += s == 0 && !r.continues;
       }
       p.step_ms += r.ms * per;
       p.step.add(r.cost, per);
@@ -111,6 +111,7 @@ ReplayView replay_view(const std::vector<std::vector<CapturedWork::TracedItem>>&
       k.name = it.name, k.us += share * per, k.busy_us += (it.end_us - it.start_us) * per, k.calls += r == 0;
       if (const auto* op = op_of(it.item)) {
         v.op_us[{op->op, region_kind(op->region, c)}] += share * per;
+        v.op_region_us[{op->op, op->region}] += share * per;
         v.region_us[op->region] += share * per;
       } else {
         v.unattributed_us += share * per;
@@ -145,6 +146,29 @@ void write_chrome_trace(const std::string& path, const std::vector<CapturedWork:
   if (!f) fail("--trace {}: cannot write the file", path);
   f << nlohmann::json{{"traceEvents", events}, {"displayTimeUnit", "ns"}}.dump() << "\n";
   if (!f) fail("--trace {}: writing failed", path);
+}
+
+double RegionSplit::overlapped_us(double copy_gbs) const {
+  return std::max(stretch_us, copy_gbs > 0 ? bytes / copy_gbs / 1e3 : 0.0);
+}
+
+std::map<int, RegionSplit> split_regions(const OpProfile& p, const ReplayView& v, const ModelConfig& c) {
+  std::map<std::pair<std::string, std::string>, bool> streams;  // (op, kind) → weights a call ≥ kStreamingOpBytes
+  for (const auto& [key, t] : p.ops) streams[key] = t.calls > 0 && t.cost.weights / t.calls >= kStreamingOpBytes;
+  std::map<int, RegionSplit> split;
+  for (const auto& [region, t] : p.regions) split[region].bytes = t.cost.weights + t.cost.cache;
+  for (const auto& [key, us] : v.op_region_us) {
+    const auto it = streams.find({key.first, region_kind(key.second, c)});
+    RegionSplit& s = split[key.second];
+    (it != streams.end() && it->second ? s.streaming_us : s.stretch_us) += us;
+  }
+  return split;
+}
+
+FlashProjection project_flash_overlapped(const std::map<int, RegionSplit>& split, double copy_gbs, const ModelConfig& c) {
+  std::map<int, double> ms;
+  for (const auto& [region, s] : split) ms[region] = s.overlapped_us(copy_gbs) / 1e3;
+  return project_flash(ms, c);
 }
 
 void print_replay_kernels(const ReplayView& v, int top) {
@@ -198,10 +222,16 @@ void print_op_tables(const OpProfile& p, const ModelConfig& c, double copy_gbs, 
   if (rp && replay->unattributed_us > 0)
     fmt::print("| (items no op made) | | | | | | | |{} {:.1f} | {:.1f} |\n", flops ? " |" : "", replay->unattributed_us,
                100 * replay->unattributed_us / replay->step_us);
-  fmt::print("\n### layers (op sums; MB = weights + cache{})\n\n", rp ? "; replayed: as above, and its bytes over it" : "");
+  fmt::print("\n### layers (op sums; MB = weights + cache{})\n\n",
+             rp ? "; replayed: as above, and its bytes over it; of which streaming: the shares of ops reading ≥ 4 MB of "
+                  "weights a call, stretches: the rest (HBM mostly idle); overlapped: max(stretches, MB at the copy "
+                  "bandwidth), a form that read the weights during the stretches"
+                : "");
   fmt::print("| layer | kind | ops | µs | MB | GB/s | % of copy |{}{}\n|---|---|---:|---:|---:|---:|---:|{}{}\n",
-             flops ? " TFLOP/s |" : "", rp ? " replayed µs | replayed % of copy |" : "", flops ? "---:|" : "",
-             rp ? "---:|---:|" : "");
+             flops ? " TFLOP/s |" : "",
+             rp ? " replayed µs | replayed % of copy | streaming µs | stretches µs | overlapped µs |" : "",
+             flops ? "---:|" : "", rp ? "---:|---:|---:|---:|---:|" : "");
+  const std::map<int, RegionSplit> split = rp ? split_regions(p, *replay, c) : std::map<int, RegionSplit>{};
   for (const auto& [region, t] : p.regions) {
     const double b = t.cost.weights + t.cost.cache, g = gbs(b, t.ms);
     const std::string layer = region < 0 || region >= c.n_layers ? "-" : std::to_string(region);
@@ -212,6 +242,9 @@ void print_op_tables(const OpProfile& p, const ModelConfig& c, double copy_gbs, 
       auto it = replay->region_us.find(region);
       const double us = it == replay->region_us.end() ? 0 : it->second;
       fmt::print(" {:.1f} | {:.1f} |", us, 100 * gbs(b, us / 1e3) / copy_gbs);
+      const auto s = split.find(region);
+      const RegionSplit r = s == split.end() ? RegionSplit{} : s->second;
+      fmt::print(" {:.1f} | {:.1f} | {:.1f} |", r.streaming_us, r.stretch_us, r.overlapped_us(copy_gbs));
     }
     fmt::print("\n");
   }
@@ -220,6 +253,7 @@ void print_op_tables(const OpProfile& p, const ModelConfig& c, double copy_gbs, 
 
 nlohmann::json op_tables_json(const OpProfile& p, const ModelConfig& c, const ReplayView* replay) {
   const bool rp = replay && replay->traced;
+  const std::map<int, RegionSplit> split = rp ? split_regions(p, *replay, c) : std::map<int, RegionSplit>{};
   nlohmann::json ops = nlohmann::json::array(), regions = nlohmann::json::array();
   auto cost = [](const OpCost& k) {
     return nlohmann::json{{"bytes_weights", k.weights}, {"bytes_cache", k.cache}, {"bytes_activations", k.activations},
@@ -234,7 +268,12 @@ nlohmann::json op_tables_json(const OpProfile& p, const ModelConfig& c, const Re
   }
   for (const auto& [region, t] : p.regions) {
     nlohmann::json j = {{"region", region}, {"kind", region_kind(region, c)}, {"calls", t.calls}, {"us", t.ms * 1e3}};
-    if (rp) j["replayed_us"] = replay->region_us.count(region) ? replay->region_us.at(region) : 0.0;
+    if (rp) {
+      j["replayed_us"] = replay->region_us.count(region) ? replay->region_us.at(region) : 0.0;
+      const auto s = split.find(region);
+      j["replayed_streaming_us"] = s == split.end() ? 0.0 : s->second.streaming_us;
+      j["replayed_stretch_us"] = s == split.end() ? 0.0 : s->second.stretch_us;
+    }
     j.update(cost(t.cost));
     regions.push_back(j);
   }

@@ -56,6 +56,7 @@ struct ReplayView {
   int replays = 0;
   double step_us = 0;  // mean traced step: first start to last end
   std::map<std::pair<std::string, std::string>, double> op_us;  // (op, layer kind) → µs per step
+  std::map<std::pair<std::string, int>, double> op_region_us;     // (op, region) → µs per step
   std::map<int, double> region_us;
   struct Kernel {
     std::string name;
@@ -69,6 +70,20 @@ struct ReplayView {
 ReplayView replay_view(const std::vector<std::vector<CapturedWork::TracedItem>>& replays,
                        const std::vector<ProfilingBackend::RecordedOp>& ops, const ModelConfig& c);
 void print_replay_kernels(const ReplayView& v, int top);
+
+// A region's replayed time split between the ops that stream weights (at least kStreamingOpBytes of
+// weights a call: the projections, the experts, the head) and the rest: the latency-bound stretches
+// (mixes, norms, RoPE, attention, the router, the indexer) during which HBM mostly idles. With the
+// region's bytes (weights + cache), the bound of a form that read the next weights during the
+// stretches (a resident layer): max(stretches, bytes at the copy bandwidth).
+struct RegionSplit {
+  double streaming_us = 0, stretch_us = 0, bytes = 0;
+  double overlapped_us(double copy_gbs) const;
+};
+constexpr double kStreamingOpBytes = 4e6;
+std::map<int, RegionSplit> split_regions(const OpProfile& p, const ReplayView& v, const ModelConfig& c);
+// The 43-layer step from each kind's mean overlapped bound (embedding and head as split).
+FlashProjection project_flash_overlapped(const std::map<int, RegionSplit>& split, double copy_gbs, const ModelConfig& c);
 // The 43-layer step from the traced replay's layer shares: what the replay spends per layer kind,
 // with no replayed / op-sum ratio to assume.
 FlashProjection project_flash(const ReplayView& v, const ModelConfig& c);
@@ -79,7 +94,7 @@ void write_chrome_trace(const std::string& path, const std::vector<CapturedWork:
 nlohmann::json replay_view_json(const ReplayView& v);
 
 // Markdown: the op table (µs, %, MB, GB/s, % of copy, and TFLOP/s where `flops`), the layer table.
-// With a traced replay, each row also has its µs in the replayed step.
+// With a traced replay, each row also has its µs in the replayed step, and each layer its split.
 void print_op_tables(const OpProfile& p, const ModelConfig& c, double copy_gbs, bool flops, const ReplayView* replay = nullptr);
 nlohmann::json op_tables_json(const OpProfile& p, const ModelConfig& c, const ReplayView* replay = nullptr);
 

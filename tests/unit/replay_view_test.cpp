@@ -36,6 +36,8 @@ TEST(ReplayView, SharesMoveTheEndAndAddUpToTheStep) {
   EXPECT_DOUBLE_EQ(v.unattributed_us, 10);
   EXPECT_DOUBLE_EQ(v.region_us.at(0), 13);
   EXPECT_DOUBLE_EQ(v.region_us.at(1), 2);
+  EXPECT_DOUBLE_EQ(v.op_region_us.at({"a", 0}), 10);
+  EXPECT_DOUBLE_EQ(v.op_region_us.at({"c", 1}), 2);
   double total = v.unattributed_us;
   for (const auto& [key, us] : v.op_us) total += us;
   EXPECT_DOUBLE_EQ(total, v.step_us);
@@ -82,6 +84,64 @@ TEST(ReplayView, ChromeTraceHasEveryItemWithItsOp) {
   EXPECT_EQ(ev[2].at("args").at("kind"), "CSA");
   EXPECT_FALSE(ev[3].at("args").contains("op"));
   std::remove(path.c_str());
+}
+
+// A layer's replayed time: the shares of ops reading ≥ 4 MB of weights a call stream, the rest are
+// stretches; the overlapped bound is the larger of the stretches and the bytes at the copy bandwidth.
+TEST(ReplayView, SplitsLayersIntoStreamingAndStretches) {
+  ModelConfig c;
+  c.n_layers = 3;
+  c.compress_ratios = {0, 4, 128};
+  OpProfile p;
+  const auto total = [](int calls, double weights) {
+    OpTotal t;
+    t.calls = calls;
+    t.cost.weights = weights;
+    return t;
+  };
+  // "proj" reads 10 MB a call (streams), "mix" 1.5 MB (a stretch), in every layer.
+  for (const char* kind : {"SWA", "CSA", "HCA"}) {
+    p.ops.push_back({{"proj", kind}, total(1, 10e6)});
+    p.ops.push_back({{"mix", kind}, total(1, 1.5e6)});
+  }
+  for (int r = 0; r < 3; ++r) p.regions[r] = total(2, 11.5e6);
+  ReplayView v;
+  v.traced = true;
+  v.op_region_us = {{{"proj", 0}, 5}, {{"mix", 0}, 20}, {{"proj", 1}, 8}, {{"mix", 1}, 3}, {{"proj", 2}, 6},
+                    {{"mix", 2}, 6}, {{"(other)", 2}, 1}};
+  const auto split = split_regions(p, v, c);
+  EXPECT_DOUBLE_EQ(split.at(0).streaming_us, 5);
+  EXPECT_DOUBLE_EQ(split.at(0).stretch_us, 20);
+  EXPECT_DOUBLE_EQ(split.at(1).streaming_us, 8);
+  EXPECT_DOUBLE_EQ(split.at(1).stretch_us, 3);
+  EXPECT_DOUBLE_EQ(split.at(2).stretch_us, 7);  // an op the op table does not know is a stretch
+  EXPECT_DOUBLE_EQ(split.at(0).bytes, 11.5e6);
+  const double copy_gbs = 1000;  // 11.5 MB → 11.5 µs
+  EXPECT_DOUBLE_EQ(split.at(0).overlapped_us(copy_gbs), 20);
+  EXPECT_DOUBLE_EQ(split.at(1).overlapped_us(copy_gbs), 11.5);
+  const FlashProjection f = project_flash_overlapped(split, copy_gbs, c);
+  ASSERT_TRUE(f.valid);
+  EXPECT_NEAR(f.swa_ms, 0.020, 1e-12);
+  EXPECT_NEAR(f.csa_ms, 0.0115, 1e-12);
+  EXPECT_NEAR(f.hca_ms, 0.0115, 1e-12);
+}
+
+// Work an op begins for a later op of the same name (moe_begin for moe_experts) adds its time and
+// bytes to that op's row and its layer, but is not a call.
+TEST(ReplayView, AContinuationIsNotACall) {
+  ModelConfig c;
+  c.n_layers = 1;
+  c.compress_ratios = {0};
+  ProfilingBackend::OpRecord begun{"moe", 0, 0.001, {}, true}, main{"moe", 0, 0.004, {}, false};
+  begun.cost.activations = 1e3;
+  main.cost.weights = 2e6;
+  const OpProfile p = summarise_ops({{begun, main}}, c);
+  ASSERT_EQ(p.ops.size(), 1u);
+  EXPECT_EQ(p.ops[0].second.calls, 1);
+  EXPECT_DOUBLE_EQ(p.ops[0].second.ms, 0.005);
+  EXPECT_DOUBLE_EQ(p.ops[0].second.cost.weights, 2e6);
+  EXPECT_DOUBLE_EQ(p.ops[0].second.cost.activations, 1e3);
+  EXPECT_EQ(p.regions.at(0).calls, 1);
 }
 
 TEST(ReplayView, NothingTracedIsNotAView) {
