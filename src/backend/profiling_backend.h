@@ -159,9 +159,9 @@ class ProfilingBackend final : public Backend {
     int from = 0, to = 0;
     std::function<OpCost()> cost_after;  // data-dependent costs, read after the step
   };
+  Tensor timed_moe(const Tensor& x, const Routing& r, const MoeWeights& w, const std::function<Tensor()>& run);
   // Runs f between two marks as op `op` moving `bytes` (+ its result's bytes for a Tensor);
   // `continues`: OpRecord::continues.
-  Tensor timed_moe(const Tensor& x, const Routing& r, const MoeWeights& w, const std::function<Tensor()>& run);
   template <typename F>
   auto timed(std::string op, OpCost bytes, F&& f, std::function<OpCost()> after = {}, bool continues = false);
 

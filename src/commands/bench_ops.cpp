@@ -34,8 +34,9 @@ void add_bench_ops_command(CLI::App& app) {
       "             DSV4_LINEAR_BENCH_SHAPES=wq_b,head      wq_a wq_b wkv wo_b indexer_wq_b shared_w1_w3\n"
       "                                                   shared_w2 head\n"
       "             DSV4_LINEAR_BENCH_ROWS=1,128            row counts M\n"
-      "  persistent: a SWA layer at one row as a kernel chain and as one resident kernel (grid barriers;\n"
-      "             with and without the next weights copied to shared memory during latency stretches)\n");
+      "  persistent: SWA, CSA and HCA layers at one row as a kernel chain and as one resident kernel (grid\n"
+      "             barriers; with and without the next weights copied to shared memory during latency\n"
+      "             stretches), and the 43 layers projected from them\n");
   cmd->callback([op] {
     // Checked first, so a machine without a GPU gets one line instead of a driver error.
     const std::string why = cuda_unavailable_reason();
