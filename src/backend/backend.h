@@ -166,6 +166,8 @@ class Backend {
   // others read or write before the join; the caller keeps every tensor the branch uses alive until
   // branch_join() (a backend's memory reuse follows the order of calls, which a branch breaks). The
   // default runs all in the order called. A recording holds the branch as a branch of its graph.
+  // A branch is for a chain of latency-bound ops beside ops that stream weights: a backend may run
+  // it ahead of them (the CUDA backend: on its most urgent stream priority).
   virtual void branch_begin() {}
   virtual void branch_end() {}
   virtual void branch_join() {}

@@ -103,6 +103,14 @@ CudaBackend::CudaBackend(int device) : device_(device), memory_(std::make_shared
     if (v != "0" && v != "1") fail("DSV4_BRANCHES={}: expected 1 (branches beside the stream) or 0 (in line)", v);
     branches_ = v == "1";
   }
+  if (const char* p = std::getenv("DSV4_BRANCH_PRIORITY")) {
+    const std::string v = p;
+    if (v != "0" && v != "1" && v != "2")
+      fail("DSV4_BRANCH_PRIORITY={}: expected 1 (the model's branches on the most urgent stream), 0 (none) or 2 (the "
+           "shared expert's too)",
+           v);
+    branch_priority_ = std::stoi(v);
+  }
   if (const char* p = std::getenv("DSV4_ONE_LAUNCH")) {
     const std::string v = p;
     if (v != "0" && v != "1")
@@ -118,7 +126,7 @@ CudaBackend::CudaBackend(int device) : device_(device), memory_(std::make_shared
 CudaBackend::~CudaBackend() {
   // The members go with this device current (the caller may be another rank's thread).
   cudaSetDevice(device_.index);
-  cudaStreamSynchronize(side_.get());
+  for (const Stream& side : side_) cudaStreamSynchronize(side.get());
   cudaStreamSynchronize(stream_.get());
 }
 
@@ -136,22 +144,25 @@ void CudaBackend::synchronize() {
   stream_.sync();
 }
 
-void CudaBackend::fork_side() {
+void CudaBackend::fork_side(Side side) {
   DSV4_CHECK(active_ == stream_.get(), "fork_side: already on the branch");
+  const int i = int(side);
   fork_event_.record(stream_.get());
-  DSV4_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), fork_event_.get()));
-  active_ = side_.get();
-  side_pending_ = true;
+  DSV4_CUDA_CHECK(cudaStreamWaitEvent(side_[i].get(), fork_event_.get()));
+  active_ = side_[i].get();
+  side_pending_[i] = true;
 }
 
 void CudaBackend::join_side() {
   unfork_side();
-  if (!side_pending_) return;
-  join_event_.record(side_.get());
-  DSV4_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), join_event_.get()));
-  side_pending_ = false;
+  for (int i = 0; i < 2; ++i) {
+    if (!side_pending_[i]) continue;
+    // (a wait takes the event's state when it is called: one event serves both streams)
+    join_event_.record(side_[i].get());
+    DSV4_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), join_event_.get()));
+    side_pending_[i] = false;
+  }
 }
-
 
 void CudaBackend::begin_capture() {
   drop_shared_ahead();  // (its branch began outside the recording)
@@ -172,7 +183,7 @@ std::unique_ptr<CapturedWork> CudaBackend::end_capture() {
     fail("CUDA backend: recording the step failed ({}): it synchronised, read back or allocated while recording",
          cudaGetErrorString(err));
   }
-  DSV4_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+  DSV4_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, kRecordingInstantiateFlags));
   return g;
 }
 
