@@ -229,6 +229,10 @@ class Backend {
   virtual void head_norm_rope(Tensor& x, int head_dim, float eps, int rope_dim, const Tensor& positions,
                               const RopeTable& table);
   virtual void hadamard_fp4_simulate(Tensor& x, int width) = 0;                                // SPEC §2.6–2.7 per `width` chunk
+  // rope (not inverse) then hadamard_fp4_simulate(x, head_dim): the values of those two (the default
+  // runs them; a backend may fuse them). The indexer's queries (SPEC §3.5).
+  virtual void rope_hadamard_fp4(Tensor& x, int head_dim, int rope_dim, const Tensor& positions,
+                                 const RopeTable& table);
   virtual Tensor add(const Tensor& a, const Tensor& b) = 0;                                    // bf16(a + b)
   virtual Tensor scale(const Tensor& x, float s) = 0;                                          // bf16(x · s)
 

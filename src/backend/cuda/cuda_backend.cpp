@@ -353,12 +353,16 @@ void CudaBackend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight, flo
                   positions.ptr<int32_t>(), table.device, fp8_nope, stream());
 }
 
+namespace {
+// Up to these rows the per-head fusions (head_norm_rope, rope_hadamard_fp4) run in one launch; a
+// prefill chunk's thousands of rows run the separate kernels, which spread its heads better
+// (row_ops.cu).
+constexpr int64_t kFusedRows = 64;
+}  // namespace
+
 void CudaBackend::head_norm_rope(Tensor& x, int head_dim, float eps, int rope_dim, const Tensor& positions,
                                  const RopeTable& table) {
   x.companion.reset();
-  // One launch for a decode step's rows; a prefill chunk's thousands of rows run the two kernels,
-  // which spread its heads better (row_ops.cu).
-  constexpr int64_t kFusedRows = 64;
   const int64_t rows = x.rows();
   if (rows > kFusedRows) return Backend::head_norm_rope(x, head_dim, eps, rope_dim, positions, table);
   if (!rows) return;
@@ -378,6 +382,20 @@ void CudaBackend::hadamard_fp4_simulate(Tensor& x, int width) {
   x.companion.reset();
   DSV4_CHECK(width == 128, "hadamard: width {} (only 128 is used by the model)", width);
   cuda::hadamard_fp4_simulate(x.ptr<uint16_t>(), x.numel() / width, stream());
+}
+
+void CudaBackend::rope_hadamard_fp4(Tensor& x, int head_dim, int rope_dim, const Tensor& positions,
+                                    const RopeTable& table) {
+  x.companion.reset();
+  const int64_t rows = x.rows();
+  if (rows > kFusedRows || head_dim != 128)
+    return Backend::rope_hadamard_fp4(x, head_dim, rope_dim, positions, table);
+  if (!rows) return;
+  DSV4_CHECK(positions.numel() == rows && positions.dtype == DType::I32, "rope_hadamard_fp4: {} positions for {} rows",
+             positions.numel(), rows);
+  DSV4_CHECK(table.device, "rope_hadamard_fp4: the frequency table was not placed on the device");
+  cuda::rope_hadamard_fp4(x.ptr<uint16_t>(), rows, int(x.numel() / rows / head_dim), rope_dim, positions.ptr<int32_t>(),
+                          table.device, stream());
 }
 
 Tensor CudaBackend::add(const Tensor& a, const Tensor& b) {
