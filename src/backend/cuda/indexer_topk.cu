@@ -261,14 +261,22 @@ struct SliceWarp {
       v[j] = i < end ? __ldcg(reinterpret_cast<const uint4*>(sc + i)) : make_uint4(0, 0, 0, 0);
     }
   }
-  // f(full, i, v) for each step (warp-uniform; `full`: no key of the step is past `end`).
+  // f(i, key, valid) for each step (warp-uniform): the lane's 8 order keys from index i, those at or
+  // past `end` flagged invalid (the flags are constants in the steps that end before it).
   template <class F>
   __device__ void for_steps(int lane, F&& f) const {
 #pragma unroll
     for (int j = 0; j < kSteps; ++j) {
-      const int step = begin + 256 * j;
-      if (step + 256 <= end) f(std::true_type{}, step + 8 * lane, v[j]);
-      else if (step < end) f(std::false_type{}, step + 8 * lane, v[j]);
+      const int step = begin + 256 * j, i = step + 8 * lane;
+      uint32_t key[8];
+      bool valid[8];
+      if (step + 256 <= end) {
+        unpack_keys<true>(v[j], i, end, key, valid);
+        f(i, key, valid);
+      } else if (step < end) {
+        unpack_keys<false>(v[j], i, end, key, valid);
+        f(i, key, valid);
+      }
     }
   }
 };
@@ -279,10 +287,7 @@ template <int kWarps>
 __device__ int count_low_bytes(const SliceWarp<kWarps>& sw, int lane, uint32_t high, int* low_hist) {
   const uint32_t high_end = (high + 1) << 8;
   int greater = 0;
-  sw.for_steps(lane, [&](auto full, int i, const uint4& v) {
-    uint32_t key[8];
-    bool valid[8];
-    unpack_keys<decltype(full)::value>(v, i, sw.end, key, valid);
+  sw.for_steps(lane, [&](int i, const uint32_t(&key)[8], const bool(&valid)[8]) {
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
       if (valid[e] && (key[e] >> 8) == high) atomicAdd(&low_hist[key[e] & 255], 1);
@@ -301,10 +306,7 @@ __device__ void collect_slice(const SliceWarp<kWarps>& sw, int warp, int lane, u
                               int greater_before, int ties_before, int* warp_greater, int* warp_ties, int32_t* out) {
   {
     int greater = 0, ties = 0;
-    sw.for_steps(lane, [&](auto full, int i, const uint4& v) {
-      uint32_t key[8];
-      bool valid[8];
-      unpack_keys<decltype(full)::value>(v, i, sw.end, key, valid);
+    sw.for_steps(lane, [&](int i, const uint32_t(&key)[8], const bool(&valid)[8]) {
 #pragma unroll
       for (int e = 0; e < 8; ++e) {
         greater += valid[e] && key[e] > threshold;
@@ -329,10 +331,7 @@ __device__ void collect_slice(const SliceWarp<kWarps>& sw, int warp, int lane, u
     tie_rank = ties_before + __shfl_sync(0xffffffffu, incl_t - t, warp);  // rank of this warp's first tie
     pos = before_g + min(take_equal, tie_rank);  // where this warp's first selection goes
   }
-  sw.for_steps(lane, [&](auto full, int i, const uint4& v) {
-    uint32_t key[8];
-    bool valid[8];
-    unpack_keys<decltype(full)::value>(v, i, sw.end, key, valid);
+  sw.for_steps(lane, [&](int i, const uint32_t(&key)[8], const bool(&valid)[8]) {
     int greater = 0, ties = 0;
 #pragma unroll
     for (int e = 0; e < 8; ++e) {
