@@ -31,12 +31,6 @@ void Backend::head_norm_rope(Tensor& x, int head_dim, float eps, int rope_dim, c
   rope(x, head_dim, rope_dim, positions, table, false);
 }
 
-void Backend::rope_hadamard_fp4(Tensor& x, int head_dim, int rope_dim, const Tensor& positions,
-                                const RopeTable& table) {
-  rope(x, head_dim, rope_dim, positions, table, false);
-  hadamard_fp4_simulate(x, head_dim);
-}
-
 Tensor Backend::hc_post_pre(const Tensor& y, const Tensor& X, Tensor* Xa, const HyperConnection& hc, int hc_mult,
                             int iters, float norm_eps, float hc_eps, Tensor* post, Tensor* comb, const uint16_t* norm) {
   *Xa = hc_post(y, X, *post, *comb);

@@ -166,8 +166,6 @@ class Backend {
   // others read or write before the join; the caller keeps every tensor the branch uses alive until
   // branch_join() (a backend's memory reuse follows the order of calls, which a branch breaks). The
   // default runs all in the order called. A recording holds the branch as a branch of its graph.
-  // A branch is for a chain of latency-bound ops beside ops that stream weights: a backend may run
-  // it ahead of them (the CUDA backend: on its most urgent stream priority).
   virtual void branch_begin() {}
   virtual void branch_end() {}
   virtual void branch_join() {}
@@ -229,10 +227,6 @@ class Backend {
   virtual void head_norm_rope(Tensor& x, int head_dim, float eps, int rope_dim, const Tensor& positions,
                               const RopeTable& table);
   virtual void hadamard_fp4_simulate(Tensor& x, int width) = 0;                                // SPEC §2.6–2.7 per `width` chunk
-  // rope (not inverse) then hadamard_fp4_simulate(x, head_dim): the values of those two (the default
-  // runs them; a backend may fuse them). The indexer's queries (SPEC §3.5).
-  virtual void rope_hadamard_fp4(Tensor& x, int head_dim, int rope_dim, const Tensor& positions,
-                                 const RopeTable& table);
   virtual Tensor add(const Tensor& a, const Tensor& b) = 0;                                    // bf16(a + b)
   virtual Tensor scale(const Tensor& x, float s) = 0;                                          // bf16(x · s)
 

@@ -175,12 +175,6 @@ void ProfilingBackend::fp8_simulate(Tensor& x, int row_width, int channels) {
 void ProfilingBackend::hadamard_fp4_simulate(Tensor& x, int width) {
   timed("hadamard_fp4_simulate", act(2 * bytes(x)), [&] { inner_->hadamard_fp4_simulate(x, width); });
 }
-
-void ProfilingBackend::rope_hadamard_fp4(Tensor& x, int head_dim, int rope_dim, const Tensor& positions,
-                                         const RopeTable& table) {
-  timed("rope_hadamard_fp4", act(2 * bytes(x) + bytes(positions)),
-        [&] { inner_->rope_hadamard_fp4(x, head_dim, rope_dim, positions, table); });
-}
 Tensor ProfilingBackend::add(const Tensor& a, const Tensor& b) {
   return timed("add", act(bytes(a) + bytes(b)), [&] { return inner_->add(a, b); });
 }

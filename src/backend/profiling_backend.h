@@ -105,8 +105,6 @@ class ProfilingBackend final : public Backend {
                       const RopeTable& table) override;
   void fp8_simulate(Tensor& x, int row_width, int channels) override;
   void hadamard_fp4_simulate(Tensor& x, int width) override;
-  void rope_hadamard_fp4(Tensor& x, int head_dim, int rope_dim, const Tensor& positions,
-                         const RopeTable& table) override;
   Tensor add(const Tensor& a, const Tensor& b) override;
   Tensor scale(const Tensor& x, float s) override;
 

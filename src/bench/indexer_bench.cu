@@ -80,16 +80,6 @@ void bench_shape(const Shape& s, double copy_gbs, Table& table) {
   };
   const double total_us = time_graph_us([&](int r, cudaStream_t st) { cuda::indexer_topk(ws, args_for(r), st); },
                                         rotations);
-  // Where indexer_topk is one launch (every query's keys one top-k slice), the three-launch form
-  // beside it: the baseline of the scores kernel's own selection.
-  const bool one_launch = s.keys <= cuda::kIndexerTopkSliceKeys;
-  const double three_us = one_launch ? time_graph_us(
-                                           [&](int r, cudaStream_t st) {
-                                             cuda::indexer_scores(ws, args_for(r), st);
-                                             cuda::indexer_select_topk(ws, args_for(r), st);
-                                           },
-                                           rotations)
-                                     : 0.0;
   // Timed last: replaying the scores alone leaves their histograms unconsumed (indexer_topk.h).
   const double score_us = time_graph_us([&](int r, cudaStream_t st) { cuda::indexer_scores(ws, args_for(r), st); },
                                         rotations);
@@ -102,17 +92,11 @@ void bench_shape(const Shape& s, double copy_gbs, Table& table) {
   };
   // Top-k: two kernels (count, collect), each one CTA per slice of each query's keys.
   const int topk_ctas = T * ((s.keys + cuda::kIndexerTopkSliceKeys - 1) / cuda::kIndexerTopkSliceKeys);
-  if (one_launch) {
-    row("scores + top-k, one launch (the last CTA of a query selects)", total_us, std::to_string(ctas));
-    row("scores + top-k, three launches", three_us, fmt::format("{} + 2 × {}", ctas, topk_ctas));
-  } else {
-    row("scores + top-k", total_us, fmt::format("{} + 2 × {}", ctas, topk_ctas));
-  }
+  row("scores + top-k", total_us, fmt::format("{} + 2 × {}", ctas, topk_ctas));
   row("scores only", score_us, std::to_string(ctas));
   // The top-k kernels consume the histogram the scores kernel leaves (indexer_topk.h), so they cannot
   // be replayed alone: their share is the difference of the two measured rows.
-  row("top-k (difference of the rows above)", (one_launch ? three_us : total_us) - score_us,
-      fmt::format("2 × {}", topk_ctas));
+  row("top-k (difference of the rows above)", total_us - score_us, fmt::format("2 × {}", topk_ctas));
 }
 
 }  // namespace
@@ -123,7 +107,7 @@ void bench_indexer() {
              "(68 B), bf16 scores; median of CUDA-graph replays over rotating key caches\n", copy_gbs);
   Table table({"stage", "batch", "keys", "k", "time (µs)", "key bytes", "GB/s (keys)", "% copy", "TFLOP/s",
                "CTAs launched"});
-  for (const Shape& s : {Shape{1, 1024, 512}, Shape{16, 1024, 512}, Shape{1, 8192, 512}, Shape{1, 16384, 512}, Shape{1, 65536, 512}, Shape{1, 262144, 512}, Shape{8, 16384, 512},
+  for (const Shape& s : {Shape{1, 16384, 512}, Shape{1, 65536, 512}, Shape{1, 262144, 512}, Shape{8, 16384, 512},
                          Shape{32, 16384, 512}, Shape{1, 16384, 2048}})
     bench_shape(s, copy_gbs, table);
   table.print("Lightning indexer (H200 targets: batch 1 × 16,384 keys incl. top-512 ≤ 15 µs; 262,144 keys ≥ 70% of "

@@ -694,7 +694,8 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   Tensor topk;
   if (block.ratio == 4) {
     Tensor qi = view(qs[1], {T, Hi, id});
-    backend_.rope_hadamard_fp4(qi, id, c.rope_dim, positions, rope);
+    backend_.rope(qi, id, c.rope_dim, positions, rope, false);
+    backend_.hadamard_fp4_simulate(qi, id);
     if (!beside) hw = head_weights();
     join_branch();
     KeyTables keys{lp.keys, plan.tables.row_span, idx[2], std::max(lp.max_keys, 1)};

@@ -440,38 +440,6 @@ TEST(RowOpsHadamardFp4, MatchesCpuBitExact) {
   for (int64_t vectors : {1, 3, 4 * 37, 64, 64 * 37}) check_hadamard_fp4(vectors);
 }
 
-// rope_hadamard_fp4 against rope then hadamard_fp4_simulate on the GPU (each held to its CPU twin
-// above), with rope_dim 64 (the indexer's) and others whose pairs start at odd words of a lane.
-void check_rope_hadamard_fp4(int64_t rows, int heads, int rope_dim) {
-  const std::vector<uint16_t> x = random_groups(rows * heads * 128, 128, -30, 14);
-  std::vector<int32_t> positions = random_positions(rows);
-  const std::vector<float> freq = rope_frequencies(true);
-  Stream stream;
-  DeviceBuffer<uint16_t> d_x(x.size()), d_seq(x.size());
-  DeviceBuffer<int32_t> d_pos(positions.size());
-  DeviceBuffer<float> d_freq(freq.size());
-  d_x.upload(x, stream.get());
-  d_seq.upload(x, stream.get());
-  d_pos.upload(positions, stream.get());
-  d_freq.upload(freq, stream.get());
-  rope(d_seq.get(), rows, heads, 128, rope_dim, d_pos.get(), d_freq.get(), false, stream.get());
-  hadamard_fp4_simulate(d_seq.get(), rows * heads, stream.get());
-  rope_hadamard_fp4(d_x.get(), rows, heads, rope_dim, d_pos.get(), d_freq.get(), stream.get());
-  DSV4_CUDA_CHECK_LAUNCH();
-  char what[128];
-  std::snprintf(what, sizeof what, "rope_hadamard_fp4 %lld × %d × 128, rope %d", (long long)rows, heads, rope_dim);
-  expect_bit_exact(what, d_x.download(stream.get()), d_seq.download(stream.get()));
-}
-
-TEST(RowOpsRopeHadamardFp4, SameBitsAsTheOpsInSequence) {
-  for (int64_t rows : {1, 5, 16, 64}) {
-    check_rope_hadamard_fp4(rows, 64, 64);  // the indexer's queries
-    check_rope_hadamard_fp4(rows, 13, 64);  // heads not a multiple of the block's 8
-    check_rope_hadamard_fp4(rows, 3, 62);   // pairs from the second word of a lane
-    check_rope_hadamard_fp4(rows, 2, 2);
-  }
-}
-
 // ---- add, scale, f32 → bf16 (bit-exact) ----------------------------------------------------------
 
 void check_add_scale(int64_t n) {

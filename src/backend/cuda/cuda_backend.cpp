@@ -103,14 +103,6 @@ CudaBackend::CudaBackend(int device) : device_(device), memory_(std::make_shared
     if (v != "0" && v != "1") fail("DSV4_BRANCHES={}: expected 1 (branches beside the stream) or 0 (in line)", v);
     branches_ = v == "1";
   }
-  if (const char* p = std::getenv("DSV4_BRANCH_PRIORITY")) {
-    const std::string v = p;
-    if (v != "0" && v != "1" && v != "2")
-      fail("DSV4_BRANCH_PRIORITY={}: expected 1 (the model's branches on the most urgent stream), 0 (none) or 2 (the "
-           "shared expert's too)",
-           v);
-    branch_priority_ = std::stoi(v);
-  }
   if (const char* p = std::getenv("DSV4_ONE_LAUNCH")) {
     const std::string v = p;
     if (v != "0" && v != "1")
@@ -126,7 +118,7 @@ CudaBackend::CudaBackend(int device) : device_(device), memory_(std::make_shared
 CudaBackend::~CudaBackend() {
   // The members go with this device current (the caller may be another rank's thread).
   cudaSetDevice(device_.index);
-  for (const Stream& side : side_) cudaStreamSynchronize(side.get());
+  cudaStreamSynchronize(side_.get());
   cudaStreamSynchronize(stream_.get());
 }
 
@@ -144,25 +136,22 @@ void CudaBackend::synchronize() {
   stream_.sync();
 }
 
-void CudaBackend::fork_side(Side side) {
+void CudaBackend::fork_side() {
   DSV4_CHECK(active_ == stream_.get(), "fork_side: already on the branch");
-  const int i = int(side);
   fork_event_.record(stream_.get());
-  DSV4_CUDA_CHECK(cudaStreamWaitEvent(side_[i].get(), fork_event_.get()));
-  active_ = side_[i].get();
-  side_pending_[i] = true;
+  DSV4_CUDA_CHECK(cudaStreamWaitEvent(side_.get(), fork_event_.get()));
+  active_ = side_.get();
+  side_pending_ = true;
 }
 
 void CudaBackend::join_side() {
   unfork_side();
-  for (int i = 0; i < 2; ++i) {
-    if (!side_pending_[i]) continue;
-    // (a wait takes the event's state when it is called: one event serves both streams)
-    join_event_.record(side_[i].get());
-    DSV4_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), join_event_.get()));
-    side_pending_[i] = false;
-  }
+  if (!side_pending_) return;
+  join_event_.record(side_.get());
+  DSV4_CUDA_CHECK(cudaStreamWaitEvent(stream_.get(), join_event_.get()));
+  side_pending_ = false;
 }
+
 
 void CudaBackend::begin_capture() {
   drop_shared_ahead();  // (its branch began outside the recording)
@@ -183,7 +172,7 @@ std::unique_ptr<CapturedWork> CudaBackend::end_capture() {
     fail("CUDA backend: recording the step failed ({}): it synchronised, read back or allocated while recording",
          cudaGetErrorString(err));
   }
-  DSV4_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, kRecordingInstantiateFlags));
+  DSV4_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
   return g;
 }
 
@@ -353,16 +342,12 @@ void CudaBackend::norm_rope(Tensor& x, int head_dim, const uint16_t* weight, flo
                   positions.ptr<int32_t>(), table.device, fp8_nope, stream());
 }
 
-namespace {
-// Up to these rows the per-head fusions (head_norm_rope, rope_hadamard_fp4) run in one launch; a
-// prefill chunk's thousands of rows run the separate kernels, which spread its heads better
-// (row_ops.cu).
-constexpr int64_t kFusedRows = 64;
-}  // namespace
-
 void CudaBackend::head_norm_rope(Tensor& x, int head_dim, float eps, int rope_dim, const Tensor& positions,
                                  const RopeTable& table) {
   x.companion.reset();
+  // One launch for a decode step's rows; a prefill chunk's thousands of rows run the two kernels,
+  // which spread its heads better (row_ops.cu).
+  constexpr int64_t kFusedRows = 64;
   const int64_t rows = x.rows();
   if (rows > kFusedRows) return Backend::head_norm_rope(x, head_dim, eps, rope_dim, positions, table);
   if (!rows) return;
@@ -382,20 +367,6 @@ void CudaBackend::hadamard_fp4_simulate(Tensor& x, int width) {
   x.companion.reset();
   DSV4_CHECK(width == 128, "hadamard: width {} (only 128 is used by the model)", width);
   cuda::hadamard_fp4_simulate(x.ptr<uint16_t>(), x.numel() / width, stream());
-}
-
-void CudaBackend::rope_hadamard_fp4(Tensor& x, int head_dim, int rope_dim, const Tensor& positions,
-                                    const RopeTable& table) {
-  x.companion.reset();
-  const int64_t rows = x.rows();
-  if (rows > kFusedRows || head_dim != 128)
-    return Backend::rope_hadamard_fp4(x, head_dim, rope_dim, positions, table);
-  if (!rows) return;
-  DSV4_CHECK(positions.numel() == rows && positions.dtype == DType::I32, "rope_hadamard_fp4: {} positions for {} rows",
-             positions.numel(), rows);
-  DSV4_CHECK(table.device, "rope_hadamard_fp4: the frequency table was not placed on the device");
-  cuda::rope_hadamard_fp4(x.ptr<uint16_t>(), rows, int(x.numel() / rows / head_dim), rope_dim, positions.ptr<int32_t>(),
-                          table.device, stream());
 }
 
 Tensor CudaBackend::add(const Tensor& a, const Tensor& b) {

@@ -70,11 +70,9 @@ class CudaBackend final : public Backend {
   const void* place_weight(const void* host, size_t bytes) override;
   void prepare_experts(MoeWeights& w, float swiglu_limit) override;
   void synchronize() override;
-  // On a side stream (fork_side ... join_side below); DSV4_BRANCHES=0 runs them in line. The
-  // model's branches are latency-bound chains beside a stream that reads weights: their stream is
-  // the most urgent, so that their blocks go to the SMs before the stream's waiting ones.
+  // On the side stream (fork_side ... join_side below); DSV4_BRANCHES=0 runs them in line.
   void branch_begin() override {
-    if (branches_) fork_side(branch_priority_ >= 1 ? Side::Urgent : Side::Plain);
+    if (branches_) fork_side();
   }
   void branch_end() override { unfork_side(); }
   void branch_join() override { join_side(); }
@@ -110,8 +108,6 @@ class CudaBackend final : public Backend {
                       const RopeTable& table) override;
   void fp8_simulate(Tensor& x, int row_width, int channels) override;
   void hadamard_fp4_simulate(Tensor& x, int width) override;
-  void rope_hadamard_fp4(Tensor& x, int head_dim, int rope_dim, const Tensor& positions,
-                         const RopeTable& table) override;
   Tensor add(const Tensor& a, const Tensor& b) override;
   Tensor scale(const Tensor& x, float s) override;
 
@@ -229,13 +225,11 @@ class CudaBackend final : public Backend {
   std::unique_ptr<SharedAhead> take_shared_ahead(const Tensor& x, const MoeWeights& w, float swiglu_limit, bool values);
   // A begun shared expert nobody took: the branch joined, then its tensors go.
   void drop_shared_ahead();
-  // A branch of work beside the stream: ops called between fork_side and unfork_side enqueue on a
-  // side stream, which first waits for the stream; join_side makes the stream wait for every side
-  // stream forked since the last join. A recording holds the branch as a graph branch, its kernels
-  // at their side stream's priority (recordings are made to keep them). Tensors the branch uses must
-  // live until join_side: the pool orders reuse by the host's calls, which a second stream breaks.
-  enum class Side : uint8_t { Plain, Urgent };  // side_[0]: the default priority; side_[1]: the greatest
-  void fork_side(Side side);
+  // A branch of work beside the stream: ops called between fork_side and unfork_side enqueue on
+  // side_, which first waits for the stream; join_side makes the stream wait for side_. A recording
+  // holds the branch as a graph branch. Tensors the branch uses must live until join_side: the pool
+  // orders reuse by the host's calls, which a second stream breaks.
+  void fork_side();
   void unfork_side() { active_ = stream_.get(); }
   void join_side();
   // The bf16-weight linears (linear_bf16w's arguments): cuBLASLt where the path mode and the rows
@@ -252,13 +246,10 @@ class CudaBackend final : public Backend {
     int index;
   } device_;
   Stream stream_;
-  Stream side_[2] = {Stream(0), Stream(greatest_stream_priority())};
+  Stream side_;
   cudaStream_t active_ = stream_.get();
   Event fork_event_{false}, join_event_{false};
-  bool side_pending_[2] = {false, false};
-  // DSV4_BRANCH_PRIORITY (A/B runs): 1 (default) the model's branches urgent, the shared expert's
-  // (a weight stream beside the router's chain) at the default; 0 none urgent; 2 both.
-  int branch_priority_ = 1;
+  bool side_pending_ = false;
   int64_t shared_branch_rows_ = 8;
   bool branches_ = true;  // DSV4_BRANCHES=0: Backend::branch_begin runs the branch in line
   std::shared_ptr<DeviceMemoryPool> memory_;

@@ -170,7 +170,7 @@ Tensor CudaBackend::shared_expert(const Tensor& x, const MoeInput& in, const Exp
 Tensor CudaBackend::shared_expert_beside(const Tensor& x, const MoeInput& in, const ExpertWeights& shared,
                                          float swiglu_limit, bool f32, std::vector<Tensor>& keep) {
   if (x.rows() > shared_branch_rows_) return shared_expert(x, in, shared, swiglu_limit, f32);
-  fork_side(branch_priority_ >= 2 ? Side::Urgent : Side::Plain);
+  fork_side();
   Tensor ys = shared_expert(x, in, shared, swiglu_limit, f32, &keep);
   unfork_side();
   return ys;
@@ -200,7 +200,7 @@ void CudaBackend::moe_begin(const Tensor& x, const MoeWeights& w, float swiglu_l
   auto ahead = std::make_unique<SharedAhead>();
   ahead->in = quantise_moe_input(x, true);  // (values: whichever path the routed experts take)
   ahead->x = x.data, ahead->w = &w, ahead->swiglu_limit = swiglu_limit;
-  fork_side(branch_priority_ >= 2 ? Side::Urgent : Side::Plain);
+  fork_side();
   ahead->y = shared_expert(x, ahead->in, w.shared, swiglu_limit, false, &ahead->keep);
   unfork_side();
   shared_ahead_ = std::move(ahead);

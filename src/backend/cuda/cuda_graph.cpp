@@ -73,20 +73,6 @@ std::vector<std::string> CudaGraph::item_names() const {
   return names;
 }
 
-std::vector<int> CudaGraph::item_priorities() const {
-  std::vector<int> priorities;
-  for (cudaGraphNode_t node : nodes_of(graph)) {
-    cudaGraphNodeType type{};
-    cudaLaunchAttributeValue v{};
-    const bool kernel = cudaGraphNodeGetType(node, &type) == cudaSuccess && type == cudaGraphNodeTypeKernel;
-    priorities.push_back(kernel && cudaGraphKernelNodeGetAttribute(node, cudaLaunchAttributePriority, &v) == cudaSuccess
-                             ? v.priority
-                             : 0);
-  }
-  (void)cudaGetLastError();
-  return priorities;
-}
-
 std::vector<CapturedWork::ItemKind> CudaGraph::item_kinds() const {
   const std::vector<cudaGraphNode_t> nodes = nodes_of(graph);
   size_t edges = 0;

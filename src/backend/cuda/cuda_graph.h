@@ -14,10 +14,6 @@ namespace dsv4::cuda {
 // scopes and parameter list (template arguments stay), as the profile prints kernels.
 std::string kernel_display_name(const char* mangled);
 
-// A recording's kernels keep the priority of the stream each was recorded from (a branch's side
-// stream) instead of taking the priority of the stream the graph is launched into.
-inline constexpr unsigned long long kRecordingInstantiateFlags = cudaGraphInstantiateFlagUseNodePriority;
-
 struct CudaGraph final : CapturedWork {
   cudaGraph_t graph = nullptr;
   cudaGraphExec_t exec = nullptr;
@@ -26,8 +22,6 @@ struct CudaGraph final : CapturedWork {
   // Each item's name (a kernel's display name; "copy", "set", ... for the others), in the order the
   // recording made them.
   std::vector<std::string> item_names() const;
-  // Each kernel item's priority (cudaLaunchAttributePriority: lower is more urgent), 0 for the others.
-  std::vector<int> item_priorities() const;
   ~CudaGraph() override;
 };
 

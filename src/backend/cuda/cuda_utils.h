@@ -113,19 +113,9 @@ class DeviceBuffer {
   size_t count_ = 0;
 };
 
-// The most urgent stream priority of the current device (0 where it has no priorities).
-inline int greatest_stream_priority() {
-  int least = 0, greatest = 0;
-  DSV4_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
-  return greatest;
-}
-
 class Stream {
  public:
-  // priority: 0 the default; lower is more urgent, down to cudaDeviceGetStreamPriorityRange's greatest.
-  explicit Stream(int priority = 0) {
-    DSV4_CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority));
-  }
+  Stream() { DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
   ~Stream() { cudaStreamDestroy(s_); }
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;

@@ -8,9 +8,7 @@
 // Top-k: two 8-bit radix passes find the k-th largest score (the first histogram accumulated by the
 // scores kernel, the second by a count kernel over slices of each query's keys), and a collect
 // kernel over the same slices writes the keys above it plus the lowest-index ties in ascending index
-// order, each slice and warp at an offset known from the counts before it. Where every query's keys
-// are one slice (decode up to 32K tokens of context), the scores kernel's last CTA of each query does
-// both passes and the collect itself: the two launches and their ~3 µs each go.
+// order, each slice and warp at an offset known from the counts before it.
 #include "backend/cuda/indexer_topk.h"
 
 #include <algorithm>
@@ -30,32 +28,13 @@ constexpr int kScoreThreads = 32 * kScoreWarps;
 constexpr int kQRowBytes = kDim * 2 + 16;
 constexpr int kTopkThreads = 512;
 
-struct TopkParams {
-  const uint16_t* scores;
-  int stride;
-  int32_t* histogram;      // [queries, 256] high-byte counts from the scores kernel
-  int32_t* slice_hist;     // [queries, max_slices, 256]
-  int32_t* slice_greater;  // [queries, max_slices]
-  int32_t* high_bin;       // [queries]
-  int max_slices;
-  const int32_t* key_counts;
-  int k;
-  int32_t* topk;
-};
-
 struct ScoreParams {
   IndexerArgs a;
   uint16_t* scores;
   int score_stride;
   int32_t* histogram;  // [queries, 256] counts of the scores' high order-key byte (zeroed before)
   int tiles_per_cta;
-  // Set where every query's keys are one top-k slice: the last CTA of a query to finish its scores
-  // (tickets[query], zeroed before and left zeroed) selects that query's top-k itself.
-  bool select_topk;
-  unsigned* tickets;
-  TopkParams topk;
 };
-
 
 __device__ __forceinline__ uint32_t prmt(uint32_t a, uint32_t b, uint32_t sel) {
   uint32_t d;
@@ -87,10 +66,16 @@ __device__ __forceinline__ __nv_bfloat162 e8m0_to_bf16x2(uint32_t e) {
   return *reinterpret_cast<const __nv_bfloat162*>(&two);
 }
 
-// A CTA's chunk of a query's keys, tiles [tile_begin, tile_end) (not empty): each warp walks tiles of
-// 16 keys, writes their scores and adds their high bytes to the query's histogram.
-__device__ __forceinline__ void score_chunk(const ScoreParams& p, int query, int n, int tile_begin, int tile_end) {
+// Grid (key chunks, queries); each warp walks tiles of 16 keys of its CTA's chunk.
+__global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const ScoreParams p) {
+  pdl_wait();  // q, weights and keys come from earlier kernels
+  pdl_launch_dependents();  // the top-k CTA may be scheduled now; it waits for this grid
   const IndexerArgs& a = p.a;
+  const int query = blockIdx.y;
+  const int n = a.key_counts[query];
+  const int tile_begin = blockIdx.x * p.tiles_per_cta;
+  const int tile_end = min(tile_begin + p.tiles_per_cta, (n + kTileKeys - 1) / kTileKeys);
+  if (tile_begin >= tile_end) return;
   const int warp = threadIdx.x / 32, lane = threadIdx.x % 32, gid = lane / 4, tig = lane % 4;
   const int32_t* table = a.block_table + size_t(a.query_seq[query]) * a.pages_stride;
   uint16_t* out = p.scores + size_t(query) * p.score_stride;
@@ -197,6 +182,12 @@ __device__ __forceinline__ void score_chunk(const ScoreParams& p, int query, int
     if (hist[i]) atomicAdd(&p.histogram[size_t(query) * 256 + i], hist[i]);
 }
 
+constexpr int kTopkWarps = kTopkThreads / 32;
+// A warp's part of a slice is ≤ kTopkSteps steps of 256 keys (8 per lane, one 16-byte load each),
+// all loaded at once and kept in registers.
+constexpr int kTopkSteps = kIndexerTopkSliceKeys / kTopkWarps / 256;
+static_assert(kTopkSteps * 256 * kTopkWarps == kIndexerTopkSliceKeys && kTopkSteps >= 1, "whole steps per warp");
+
 // Highest bin b of hist[0..256) with above + Σ_{>b} < k ≤ above + Σ_{≥b}, found by warp 0
 // (8 bins per lane, suffix sums by shuffles). Returns b, *count_above = above + Σ_{>b}.
 __device__ int find_bin_warp(const int* hist, int k, int above, int* count_above) {
@@ -237,140 +228,49 @@ __device__ __forceinline__ void unpack_keys(const uint4& v, int i, int end, uint
   }
 }
 
-// A CTA's view of its slice, kWarps warps: warp w owns [begin, end), a multiple-of-8 share of the
-// slice in index order, lane l of step j the 8 keys from begin + 256 j + 8 l. Index order = (slice,
-// warp, step, lane, element). A warp's part is ≤ kSteps steps of 256 keys (one 16-byte load a lane
-// each), all loaded at once and kept in registers. The loads bypass L1: in the scores kernel's own
-// top-k the scores were written by other CTAs of the same grid.
-template <int kWarps>
+struct TopkParams {
+  const uint16_t* scores;
+  int stride;
+  int32_t* histogram;      // [queries, 256] high-byte counts from the scores kernel
+  int32_t* slice_hist;     // [queries, max_slices, 256]
+  int32_t* slice_greater;  // [queries, max_slices]
+  int32_t* high_bin;       // [queries]
+  int max_slices;
+  const int32_t* key_counts;
+  int k;
+  int32_t* topk;
+};
+
+// A CTA's view of its slice: warp w owns [begin, end), a multiple-of-8 share of the slice in index
+// order, lane l of step j the 8 keys from begin + 256 j + 8 l. Index order = (slice, warp, step,
+// lane, element).
 struct SliceWarp {
-  static constexpr int kSteps = kIndexerTopkSliceKeys / kWarps / 256;
-  static_assert(kSteps * 256 * kWarps == kIndexerTopkSliceKeys && kSteps >= 1, "whole steps per warp");
   int begin, end;
-  uint4 v[kSteps];
+  uint4 v[kTopkSteps];
 
   __device__ SliceWarp(const TopkParams& p, int query, int n, int slice, int warp, int lane) {
     const int s0 = slice * kIndexerTopkSliceKeys, len = min(n - s0, kIndexerTopkSliceKeys);
-    const int per = (len + 8 * kWarps - 1) / (8 * kWarps) * 8;
+    const int per = (len + 8 * kTopkWarps - 1) / (8 * kTopkWarps) * 8;
     begin = s0 + min(len, warp * per);
     end = s0 + min(len, warp * per + per);
     const uint16_t* sc = p.scores + size_t(query) * p.stride;
 #pragma unroll
-    for (int j = 0; j < kSteps; ++j) {
+    for (int j = 0; j < kTopkSteps; ++j) {
       const int i = begin + 256 * j + 8 * lane;
-      v[j] = i < end ? __ldcg(reinterpret_cast<const uint4*>(sc + i)) : make_uint4(0, 0, 0, 0);
+      v[j] = i < end ? *reinterpret_cast<const uint4*>(sc + i) : make_uint4(0, 0, 0, 0);
     }
   }
-  // f(i, key, valid) for each step (warp-uniform): the lane's 8 order keys from index i, those at or
-  // past `end` flagged invalid (the flags are constants in the steps that end before it).
+  // f(full, i, v) for each step (warp-uniform; `full`: no key of the step is past `end`).
   template <class F>
   __device__ void for_steps(int lane, F&& f) const {
 #pragma unroll
-    for (int j = 0; j < kSteps; ++j) {
-      const int step = begin + 256 * j, i = step + 8 * lane;
-      uint32_t key[8];
-      bool valid[8];
-      if (step + 256 <= end) {
-        unpack_keys<true>(v[j], i, end, key, valid);
-        f(i, key, valid);
-      } else if (step < end) {
-        unpack_keys<false>(v[j], i, end, key, valid);
-        f(i, key, valid);
-      }
+    for (int j = 0; j < kTopkSteps; ++j) {
+      const int step = begin + 256 * j;
+      if (step + 256 <= end) f(std::true_type{}, step + 8 * lane, v[j]);
+      else if (step < end) f(std::false_type{}, step + 8 * lane, v[j]);
     }
   }
 };
-
-// The second radix pass over a warp's keys: low bytes of those in bin `high` into low_hist (the
-// warp's own 256 counters in shared memory); returns how many of the warp's keys lie above the bin.
-template <int kWarps>
-__device__ int count_low_bytes(const SliceWarp<kWarps>& sw, int lane, uint32_t high, int* low_hist) {
-  const uint32_t high_end = (high + 1) << 8;
-  int greater = 0;
-  sw.for_steps(lane, [&](int i, const uint32_t(&key)[8], const bool(&valid)[8]) {
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      if (valid[e] && (key[e] >> 8) == high) atomicAdd(&low_hist[key[e] & 255], 1);
-      greater += valid[e] && key[e] >= high_end;
-    }
-  });
-  return __reduce_add_sync(0xffffffffu, greater);
-}
-
-// The collect pass of a CTA's slice, once the threshold (the k-th largest key) is known: keys above
-// it and the first take_equal ties of the query (lowest indices first) go to out in index order.
-// greater_before / ties_before: the query's keys above the threshold / ties in the slices before
-// this one. warp_greater, warp_ties: kWarps ints each of shared memory.
-template <int kWarps>
-__device__ void collect_slice(const SliceWarp<kWarps>& sw, int warp, int lane, uint32_t threshold, int take_equal,
-                              int greater_before, int ties_before, int* warp_greater, int* warp_ties, int32_t* out) {
-  {
-    int greater = 0, ties = 0;
-    sw.for_steps(lane, [&](int i, const uint32_t(&key)[8], const bool(&valid)[8]) {
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        greater += valid[e] && key[e] > threshold;
-        ties += valid[e] && key[e] == threshold;
-      }
-    });
-    greater = __reduce_add_sync(0xffffffffu, greater);
-    ties = __reduce_add_sync(0xffffffffu, ties);
-    if (lane == 0) { warp_greater[warp] = greater; warp_ties[warp] = ties; }
-  }
-  __syncthreads();
-  // Prefix sums over the slices before this one and this slice's warps (lane v ↔ warp v).
-  int pos, tie_rank;
-  {
-    const int g = lane < kWarps ? warp_greater[lane] : 0, t = lane < kWarps ? warp_ties[lane] : 0;
-    int incl_g = g, incl_t = t;
-    for (int o = 1; o < 32; o <<= 1) {
-      const int yg = __shfl_up_sync(0xffffffffu, incl_g, o), yt = __shfl_up_sync(0xffffffffu, incl_t, o);
-      if (lane >= o) { incl_g += yg; incl_t += yt; }
-    }
-    const int before_g = greater_before + __shfl_sync(0xffffffffu, incl_g - g, warp);
-    tie_rank = ties_before + __shfl_sync(0xffffffffu, incl_t - t, warp);  // rank of this warp's first tie
-    pos = before_g + min(take_equal, tie_rank);  // where this warp's first selection goes
-  }
-  sw.for_steps(lane, [&](int i, const uint32_t(&key)[8], const bool(&valid)[8]) {
-    int greater = 0, ties = 0;
-#pragma unroll
-    for (int e = 0; e < 8; ++e) {
-      greater += valid[e] && key[e] > threshold;
-      ties += valid[e] && key[e] == threshold;
-    }
-    // One scan of both counts: each is ≤ 8 per lane and ≤ 256 per step.
-    const uint32_t packed = (uint32_t(greater) << 16) | uint32_t(ties);
-    uint32_t incl = packed;
-    for (int o = 1; o < 32; o <<= 1) {
-      const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
-      if (lane >= o) incl += y;
-    }
-    const uint32_t excl = incl - packed, total = __shfl_sync(0xffffffffu, incl, 31);
-    const int ties_left = max(take_equal - tie_rank, 0);  // ties this warp may still take from here
-    if (packed != 0) {
-      int rank = int(excl & 0xffffu);  // this lane's first tie, from the step start
-      int at = pos + int(excl >> 16) + min(ties_left, rank);
-#pragma unroll
-      for (int e = 0; e < 8; ++e) {
-        if (valid[e] && key[e] > threshold) {
-          out[at++] = i + e;
-        } else if (valid[e] && key[e] == threshold) {
-          if (rank < ties_left) out[at++] = i + e;
-          ++rank;
-        }
-      }
-    }
-    pos += int(total >> 16) + min(ties_left, int(total & 0xffffu));
-    tie_rank += int(total & 0xffffu);
-  });
-}
-
-// Fewer keys than k (n ≤ k): all of them, then −1 padding.
-__device__ void take_all(int n, int k, int32_t* out) {
-  for (int i = threadIdx.x; i < k; i += blockDim.x) out[i] = i < n ? i : -1;
-}
-
-constexpr int kTopkWarps = kTopkThreads / 32;
 
 // Top-k, first kernel: grid (slices, queries). The threshold's high byte comes from the scores
 // kernel's histogram; each slice counts the low bytes of its keys in that bin and its keys above it.
@@ -385,7 +285,7 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_count_kernel(const 
   const int query = blockIdx.y, slice = blockIdx.x, tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
   const int n = p.key_counts[query];
   if (n <= p.k || slice * kIndexerTopkSliceKeys >= n) return;
-  const SliceWarp<kTopkWarps> sw(p, query, n, slice, warp, lane);
+  const SliceWarp sw(p, query, n, slice, warp, lane);
   for (int i = tid; i < kTopkWarps * 256; i += kTopkThreads) (&low_hist[0][0])[i] = 0;
   if (warp == 0) {
     int above = 0;
@@ -396,7 +296,19 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_count_kernel(const 
     }
   }
   __syncthreads();
-  const int greater = count_low_bytes(sw, lane, uint32_t(shared_high), low_hist[warp]);
+  const uint32_t high = shared_high, high_end = (high + 1) << 8;
+  int greater = 0;
+  sw.for_steps(lane, [&](auto full, int i, const uint4& v) {
+    uint32_t key[8];
+    bool valid[8];
+    unpack_keys<decltype(full)::value>(v, i, sw.end, key, valid);
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      if (valid[e] && (key[e] >> 8) == high) atomicAdd(&low_hist[warp][key[e] & 255], 1);
+      greater += valid[e] && key[e] >= high_end;
+    }
+  });
+  greater = __reduce_add_sync(0xffffffffu, greater);
   if (lane == 0) warp_greater[warp] = greater;
   __syncthreads();
   const size_t at = size_t(query) * p.max_slices + slice;
@@ -427,12 +339,13 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_collect_kernel(cons
   // The count kernel, the histogram's last reader, has completed: clear it for the next scores call.
   if (slice == 0 && tid < 256) p.histogram[size_t(query) * 256 + tid] = 0;
   if (n <= k) {  // everything is taken
-    if (slice == 0) take_all(n, k, out);
+    if (slice == 0)
+      for (int i = tid; i < k; i += kTopkThreads) out[i] = i < n ? i : -1;
     return;
   }
   if (slice * kIndexerTopkSliceKeys >= n) return;
   const int slices = (n + kIndexerTopkSliceKeys - 1) / kIndexerTopkSliceKeys;
-  const SliceWarp<kTopkWarps> sw(p, query, n, slice, warp, lane);
+  const SliceWarp sw(p, query, n, slice, warp, lane);
   const int32_t* sh = p.slice_hist + size_t(query) * p.max_slices * 256;
   const int32_t* sg = p.slice_greater + size_t(query) * p.max_slices;
   for (int b = tid; b < 256; b += kTopkThreads) {
@@ -468,76 +381,72 @@ __global__ void __launch_bounds__(kTopkThreads) indexer_topk_collect_kernel(cons
   }
   __syncthreads();
   const uint32_t threshold = (uint32_t(p.high_bin[query]) << 8) | uint32_t(shared_vals[0]);
-  collect_slice(sw, warp, lane, threshold, k - shared_vals[1], shared_vals[2], shared_vals[3], warp_greater, warp_ties,
-                out);
-}
-
-// The top-k of one query whose keys are one slice, by the CTA of the scores kernel that finished its
-// scores last (ScoreParams::select_topk): both radix passes and the collect in one CTA, without the
-// per-slice sums. The histogram is complete and the scores written (all CTAs fenced before their
-// tickets); this CTA leaves the histogram row and the ticket zeroed for the next call.
-__device__ void select_topk_last_cta(const TopkParams& p, int query, int n) {
-  constexpr int kWarps = kScoreThreads / 32;
-  __shared__ int high_hist[256], low_hist[kWarps][256];
-  __shared__ int warp_greater[kWarps], warp_ties[kWarps];
-  __shared__ int shared_vals[3];
-  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32, k = p.k;
-  int32_t* out = p.topk + size_t(query) * k;
-  int32_t* hist = p.histogram + size_t(query) * 256;
-  if (n <= k) {
-    take_all(n, k, out);
-  } else {
-    const SliceWarp<kWarps> sw(p, query, n, 0, warp, lane);
-    for (int i = tid; i < 256; i += kScoreThreads) high_hist[i] = __ldcg(hist + i);  // other CTAs' atomics: L2
-    for (int i = tid; i < kWarps * 256; i += kScoreThreads) (&low_hist[0][0])[i] = 0;
-    __syncthreads();
-    if (warp == 0) {
-      int above = 0;
-      const int high = find_bin_warp(high_hist, k, 0, &above);
-      if (lane == 0) { shared_vals[0] = high; shared_vals[1] = above; }
-    }
-    __syncthreads();
-    const uint32_t high = uint32_t(shared_vals[0]);
-    count_low_bytes(sw, lane, high, low_hist[warp]);
-    __syncthreads();
-    for (int b = tid; b < 256; b += kScoreThreads) {
-      int total = 0;
+  const int take_equal = k - shared_vals[1];  // ties taken, lowest indices first (≥ 1)
+  {
+    int greater = 0, ties = 0;
+    sw.for_steps(lane, [&](auto full, int i, const uint4& v) {
+      uint32_t key[8];
+      bool valid[8];
+      unpack_keys<decltype(full)::value>(v, i, sw.end, key, valid);
 #pragma unroll
-      for (int w = 1; w < kWarps; ++w) total += low_hist[w][b];
-      low_hist[0][b] += total;
-    }
-    __syncthreads();
-    if (warp == 0) {
-      int above = 0;
-      const int low = find_bin_warp(low_hist[0], k, shared_vals[1], &above);
-      if (lane == 0) { shared_vals[0] = int((high << 8) | uint32_t(low)); shared_vals[2] = above; }
-    }
-    __syncthreads();
-    collect_slice(sw, warp, lane, uint32_t(shared_vals[0]), k - shared_vals[2], 0, 0, warp_greater, warp_ties, out);
+      for (int e = 0; e < 8; ++e) {
+        greater += valid[e] && key[e] > threshold;
+        ties += valid[e] && key[e] == threshold;
+      }
+    });
+    greater = __reduce_add_sync(0xffffffffu, greater);
+    ties = __reduce_add_sync(0xffffffffu, ties);
+    if (lane == 0) { warp_greater[warp] = greater; warp_ties[warp] = ties; }
   }
-  for (int i = tid; i < 256; i += kScoreThreads) hist[i] = 0;
-}
-
-// Grid (key chunks, queries): each CTA scores its chunk of its query's keys; with select_topk the
-// query's last CTA to finish goes on to its top-k.
-__global__ void __launch_bounds__(kScoreThreads) indexer_score_kernel(const ScoreParams p) {
-  pdl_wait();  // q, weights and keys come from earlier kernels
-  pdl_launch_dependents();  // the next kernel may be scheduled now; it waits for this grid
-  const int query = blockIdx.y;
-  const int n = p.a.key_counts[query];
-  const int tile_begin = blockIdx.x * p.tiles_per_cta;
-  const int tile_end = min(tile_begin + p.tiles_per_cta, (n + kTileKeys - 1) / kTileKeys);
-  if (tile_begin < tile_end) score_chunk(p, query, n, tile_begin, tile_end);
-  if (!p.select_topk) return;
-  __shared__ bool last;
-  __threadfence();  // this CTA's scores and histogram counts, before its ticket
   __syncthreads();
-  if (threadIdx.x == 0) last = atomicAdd(&p.tickets[query], 1u) == gridDim.x - 1;
-  __syncthreads();
-  if (!last) return;
-  __threadfence();
-  if (threadIdx.x == 0) p.tickets[query] = 0;
-  select_topk_last_cta(p.topk, query, n);
+  // Prefix sums over the slices before this one and this slice's warps (lane v ↔ warp v).
+  int pos, tie_rank;
+  {
+    const int g = lane < kTopkWarps ? warp_greater[lane] : 0, t = lane < kTopkWarps ? warp_ties[lane] : 0;
+    int incl_g = g, incl_t = t;
+    for (int o = 1; o < 32; o <<= 1) {
+      const int yg = __shfl_up_sync(0xffffffffu, incl_g, o), yt = __shfl_up_sync(0xffffffffu, incl_t, o);
+      if (lane >= o) { incl_g += yg; incl_t += yt; }
+    }
+    const int before_g = shared_vals[2] + __shfl_sync(0xffffffffu, incl_g - g, warp);
+    tie_rank = shared_vals[3] + __shfl_sync(0xffffffffu, incl_t - t, warp);  // rank of this warp's first tie
+    pos = before_g + min(take_equal, tie_rank);  // where this warp's first selection goes
+  }
+  sw.for_steps(lane, [&](auto full, int i, const uint4& v) {
+    uint32_t key[8];
+    bool valid[8];
+    unpack_keys<decltype(full)::value>(v, i, sw.end, key, valid);
+    int greater = 0, ties = 0;
+#pragma unroll
+    for (int e = 0; e < 8; ++e) {
+      greater += valid[e] && key[e] > threshold;
+      ties += valid[e] && key[e] == threshold;
+    }
+    // One scan of both counts: each is ≤ 8 per lane and ≤ 256 per step.
+    const uint32_t packed = (uint32_t(greater) << 16) | uint32_t(ties);
+    uint32_t incl = packed;
+    for (int o = 1; o < 32; o <<= 1) {
+      const uint32_t y = __shfl_up_sync(0xffffffffu, incl, o);
+      if (lane >= o) incl += y;
+    }
+    const uint32_t excl = incl - packed, total = __shfl_sync(0xffffffffu, incl, 31);
+    const int ties_left = max(take_equal - tie_rank, 0);  // ties this warp may still take from here
+    if (packed != 0) {
+      int rank = int(excl & 0xffffu);  // this lane's first tie, from the step start
+      int at = pos + int(excl >> 16) + min(ties_left, rank);
+#pragma unroll
+      for (int e = 0; e < 8; ++e) {
+        if (valid[e] && key[e] > threshold) {
+          out[at++] = i + e;
+        } else if (valid[e] && key[e] == threshold) {
+          if (rank < ties_left) out[at++] = i + e;
+          ++rank;
+        }
+      }
+    }
+    pos += int(total >> 16) + min(ties_left, int(total & 0xffffu));
+    tie_rank += int(total & 0xffffu);
+  });
 }
 
 int tiles_per_cta_for(const IndexerArgs& a) {
@@ -559,10 +468,8 @@ IndexerWorkspace::IndexerWorkspace(int max_queries, int max_keys)
       histogram_(size_t(max_queries) * 256),
       slice_hist_(size_t(max_queries) * max_slices_ * 256),
       slice_greater_(size_t(max_queries) * max_slices_),
-      high_bin_(max_queries),
-      tickets_(max_queries) {
-  histogram_.fill_bytes(0);  // from then on every top-k call leaves its rows zero (and the tickets)
-  tickets_.fill_bytes(0);
+      high_bin_(max_queries) {
+  histogram_.fill_bytes(0);  // from then on every top-k call leaves its rows zero
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());
 }
 
@@ -571,57 +478,33 @@ int indexer_score_ctas(const IndexerArgs& a) {
   return (tiles + tiles_per_cta_for(a) - 1) / tiles_per_cta_for(a) * a.num_queries;
 }
 
-namespace {
-
-void check_workspace(const IndexerWorkspace& ws, const IndexerArgs& a) {
+void indexer_scores(const IndexerWorkspace& ws, const IndexerArgs& a, cudaStream_t stream) {
   DSV4_CHECK(a.num_queries <= ws.max_queries() && a.max_keys <= ws.max_keys(),
              "indexer: {} queries × {} keys exceed the workspace", a.num_queries, a.max_keys);
-}
-
-TopkParams topk_params(const IndexerWorkspace& ws, const IndexerArgs& a) {
-  return {ws.scores(), ws.score_stride(), ws.histogram(), ws.slice_hist(), ws.slice_greater(),
-          ws.high_bin(), ws.max_slices(), a.key_counts, a.k, a.topk};
-}
-
-void launch_scores(const IndexerWorkspace& ws, const IndexerArgs& a, bool select_topk, cudaStream_t stream) {
-  ScoreParams p{a, ws.scores(), ws.score_stride(), ws.histogram(), tiles_per_cta_for(a), select_topk, ws.tickets(),
-                topk_params(ws, a)};
+  if (a.num_queries == 0 || a.max_keys == 0) return;
+  ScoreParams p{a, ws.scores(), ws.score_stride(), ws.histogram(), tiles_per_cta_for(a)};
   const int tiles = (a.max_keys + kTileKeys - 1) / kTileKeys;
   dim3 grid((tiles + p.tiles_per_cta - 1) / p.tiles_per_cta, a.num_queries);
   launch_programmatic(indexer_score_kernel, grid, dim3(kScoreThreads), 0, stream, p);
 }
 
-}  // namespace
-
-void indexer_scores(const IndexerWorkspace& ws, const IndexerArgs& a, cudaStream_t stream) {
-  check_workspace(ws, a);
-  if (a.num_queries == 0 || a.max_keys == 0) return;
-  launch_scores(ws, a, false, stream);
-}
-
 void indexer_select_topk(const IndexerWorkspace& ws, const IndexerArgs& a, cudaStream_t stream) {
   DSV4_CHECK(a.k >= 1 && a.k <= kIndexerMaxTopk, "indexer: k = {} outside 1 … {}", a.k, kIndexerMaxTopk);
   if (a.num_queries == 0) return;
-  check_workspace(ws, a);
+  DSV4_CHECK(a.num_queries <= ws.max_queries() && a.max_keys <= ws.max_keys(),
+             "indexer: {} queries × {} keys exceed the workspace", a.num_queries, a.max_keys);
   if (a.max_keys <= 0) {  // no keys anywhere: every row is −1 padding
     DSV4_CUDA_CHECK(cudaMemsetAsync(a.topk, 0xff, size_t(a.num_queries) * a.k * sizeof(int32_t), stream));
     return;
   }
-  const TopkParams p = topk_params(ws, a);
+  const TopkParams p{ws.scores(), ws.score_stride(), ws.histogram(), ws.slice_hist(), ws.slice_greater(),
+                     ws.high_bin(), ws.max_slices(), a.key_counts, a.k, a.topk};
   const dim3 grid((a.max_keys + kIndexerTopkSliceKeys - 1) / kIndexerTopkSliceKeys, a.num_queries);
   launch_programmatic(indexer_topk_count_kernel, grid, dim3(kTopkThreads), 0, stream, p);
   launch_programmatic(indexer_topk_collect_kernel, grid, dim3(kTopkThreads), 0, stream, p);
 }
 
 void indexer_topk(const IndexerWorkspace& ws, const IndexerArgs& a, cudaStream_t stream) {
-  // Every query's keys in one slice (a decode context up to 4 · kIndexerTopkSliceKeys tokens): the
-  // scores kernel selects the top-k too, one launch instead of three.
-  if (a.max_keys > 0 && a.max_keys <= kIndexerTopkSliceKeys && a.num_queries > 0) {
-    DSV4_CHECK(a.k >= 1 && a.k <= kIndexerMaxTopk, "indexer: k = {} outside 1 … {}", a.k, kIndexerMaxTopk);
-    check_workspace(ws, a);
-    launch_scores(ws, a, true, stream);
-    return;
-  }
   indexer_scores(ws, a, stream);
   indexer_select_topk(ws, a, stream);
 }

@@ -66,19 +66,14 @@ class IndexerWorkspace {
   int32_t* slice_hist() const { return slice_hist_.get(); }
   int32_t* slice_greater() const { return slice_greater_.get(); }
   int32_t* high_bin() const { return high_bin_.get(); }
-  // [max_queries] the scores kernel's CTAs that have finished a query, where it selects the top-k
-  // itself (indexer_topk with every query's keys in one slice); zeroed once, left zeroed by each call.
-  unsigned* tickets() const { return tickets_.get(); }
 
  private:
   int max_queries_, max_keys_, score_stride_, max_slices_;
   DeviceBuffer<uint16_t> scores_;
   DeviceBuffer<int32_t> histogram_, slice_hist_, slice_greater_, high_bin_;
-  DeviceBuffer<unsigned> tickets_;
 };
 
-// Scores then top-k: one launch where every query's keys are one top-k slice (max_keys ≤
-// kIndexerTopkSliceKeys: the last CTA of a query's scores selects), else three.
+// Scores then top-k.
 void indexer_topk(const IndexerWorkspace& ws, const IndexerArgs& args, cudaStream_t stream);
 
 // The two stages separately (benchmarks, tests). Scores land in ws.scores() as order keys

@@ -292,12 +292,19 @@ __global__ void __launch_bounds__(kBlockThreads) fp8_simulate_kernel(const uint1
   for (int i = 0; i < kPerLane; ++i) v[lane + 32 * i] = fp8_simulated(f[i], s);
 }
 
-// One 128-vector by a warp, in registers: lane holds elements 4·lane … 4·lane + 3 (raw: bf16 pairs).
-// The butterflies are those of cpu::hadamard128 stage by stage (stage h pairs j with j + h: (a, b) →
-// (a + b, a − b)), so every value sees the same f32 operations on the same operands. Stages h < 4
-// stay inside a lane; for h ≥ 4 the partner is lane ^ (h / 4), and the upper element of a pair takes
-// partner − own.
-__device__ __forceinline__ uint2 hadamard_fp4_warp(uint2 raw, int lane, float hadamard_scale) {
+// A warp per 128-vector; lane holds elements 4·lane … 4·lane + 3. The butterflies are those of
+// cpu::hadamard128 stage by stage (stage h pairs j with j + h: (a, b) → (a + b, a − b)), so every
+// value sees the same f32 operations on the same operands. Stages h < 4 stay inside a lane; for
+// h ≥ 4 the partner is lane ^ (h / 4), and the upper element of a pair takes partner − own.
+__global__ void __launch_bounds__(kBlockThreads) hadamard_fp4_kernel(uint16_t* __restrict__ x, int64_t vectors,
+                                                                     float hadamard_scale) {
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t vector = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
+  const int lane = threadIdx.x % 32;
+  if (vector >= vectors) return;
+  uint2* word = reinterpret_cast<uint2*>(x + vector * 128 + lane * 4);
+  const uint2 raw = *word;
   float v[4] = {__uint_as_float(raw.x << 16), __uint_as_float(raw.x & 0xffff0000u), __uint_as_float(raw.y << 16),
                 __uint_as_float(raw.y & 0xffff0000u)};
   for (int h = 1; h < 4; h *= 2)
@@ -324,44 +331,8 @@ __device__ __forceinline__ uint2 hadamard_fp4_warp(uint2 raw, int lane, float ha
 #pragma unroll
   for (int o = 1; o < 8; o *= 2) amax = fmaxf(amax, __shfl_xor_sync(kFullMask, amax, o));
   const float s = pow2_ceil_dev(__fmul_rn(fmaxf(amax, 0x1.8p-124f /* 6·2^-126 */), 1.0f / 6.0f));
-  return make_uint2(uint32_t(fp4_simulated(r[0], s)) | uint32_t(fp4_simulated(r[1], s)) << 16,
-                    uint32_t(fp4_simulated(r[2], s)) | uint32_t(fp4_simulated(r[3], s)) << 16);
-}
-
-// A warp per 128-vector.
-__global__ void __launch_bounds__(kBlockThreads) hadamard_fp4_kernel(uint16_t* __restrict__ x, int64_t vectors,
-                                                                     float hadamard_scale) {
-  pdl_wait();
-  pdl_launch_dependents();
-  const int64_t vector = int64_t(blockIdx.x) * kWarpsPerBlock + threadIdx.x / 32;
-  const int lane = threadIdx.x % 32;
-  if (vector >= vectors) return;
-  uint2* word = reinterpret_cast<uint2*>(x + vector * 128 + lane * 4);
-  *word = hadamard_fp4_warp(*word, lane, hadamard_scale);
-}
-
-// rope then hadamard_fp4 on 128-wide heads (the indexer's queries): block (row, group of
-// kWarpsPerBlock heads), the row's cos/sin once in shared memory as rope_kernel computes them, a
-// warp per head. A lane's bf16 pairs at or past the rope part's start rotate in registers as
-// rotate_pair rotates them in memory, then the Hadamard reads those bf16 values: the bits of the two
-// kernels one after the other, in one launch.
-__global__ void __launch_bounds__(kBlockThreads)
-    rope_hadamard_fp4_kernel(uint16_t* __restrict__ x, int heads, int rope_dim, const int32_t* __restrict__ positions,
-                             const float* __restrict__ inv_freq, float hadamard_scale) {
-  __shared__ float cos_pair[kMaxRopePairs], sin_pair[kMaxRopePairs];
-  const int64_t row = blockIdx.x;
-  row_rope_table(float(positions[row]), inv_freq, rope_dim / 2, false, cos_pair, sin_pair);  // (before the wait: see rope_kernel)
-  __syncthreads();
-  pdl_wait();
-  pdl_launch_dependents();
-  const int lane = threadIdx.x % 32, head = int(blockIdx.y) * kWarpsPerBlock + threadIdx.x / 32;
-  if (head >= heads) return;  // whole warps leave together
-  uint2* word = reinterpret_cast<uint2*>(x + (row * heads + head) * 128 + lane * 4);
-  uint2 raw = *word;
-  const int nope = 128 - rope_dim;
-  if (4 * lane >= nope) rotate_pair(&raw.x, cos_pair[(4 * lane - nope) / 2], sin_pair[(4 * lane - nope) / 2]);
-  if (4 * lane + 2 >= nope) rotate_pair(&raw.y, cos_pair[(4 * lane + 2 - nope) / 2], sin_pair[(4 * lane + 2 - nope) / 2]);
-  *word = hadamard_fp4_warp(raw, lane, hadamard_scale);
+  *word = make_uint2(uint32_t(fp4_simulated(r[0], s)) | uint32_t(fp4_simulated(r[1], s)) << 16,
+                     uint32_t(fp4_simulated(r[2], s)) | uint32_t(fp4_simulated(r[3], s)) << 16);
 }
 
 __global__ void __launch_bounds__(kBlockThreads) add_bf16_kernel(const uint16_t* __restrict__ a,
@@ -534,19 +505,6 @@ void hadamard_fp4_simulate(uint16_t* x, int64_t vectors, cudaStream_t stream) {
   const float hadamard_scale = float(1.0 / std::sqrt(128.0));  // the CPU's constant
   launch_programmatic(hadamard_fp4_kernel, warp_item_grid(vectors, "hadamard_fp4_simulate"), dim3(kBlockThreads), 0,
                       stream, x, vectors, hadamard_scale);
-}
-
-void rope_hadamard_fp4(uint16_t* x, int64_t rows, int heads, int rope_dim, const int32_t* positions,
-                       const float* inv_freq, cudaStream_t stream) {
-  if (heads <= 0 || rope_dim <= 0 || rope_dim % 2 || rope_dim > 128)
-    fail("rope_hadamard_fp4: {} heads of 128, rope_dim {} (even, ≤ 128)", heads, rope_dim);
-  if (!aligned(x, 8)) fail("rope_hadamard_fp4: x must be 8-byte aligned");
-  if (rows <= 0) return;
-  check_grid(rows, "rope_hadamard_fp4");
-  const float hadamard_scale = float(1.0 / std::sqrt(128.0));  // the CPU's constant
-  launch_programmatic(rope_hadamard_fp4_kernel,
-                      dim3(unsigned(rows), unsigned((heads + kWarpsPerBlock - 1) / kWarpsPerBlock)),
-                      dim3(kBlockThreads), 0, stream, x, heads, rope_dim, positions, inv_freq, hadamard_scale);
 }
 
 void add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* out, cudaStream_t stream) {

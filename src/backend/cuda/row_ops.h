@@ -65,11 +65,6 @@ void fp8_simulate_activations(const uint16_t* src, uint16_t* x, int64_t rows, in
 // CpuBackend::hadamard_fp4_simulate(x, 128) in place (SPEC §2.6–2.7): per 128-vector cpu::hadamard128,
 // then cpu::fp4_simulate_block per 32. x must be 8-byte aligned.
 void hadamard_fp4_simulate(uint16_t* x, int64_t vectors, cudaStream_t stream);
-// rope (not inverse) then hadamard_fp4_simulate in one launch, the bits of the two: x [rows, heads,
-// 128] in place (8-byte aligned), rope_dim even. A block per (row, 8 heads): for a decode step's few
-// rows (the indexer's queries).
-void rope_hadamard_fp4(uint16_t* x, int64_t rows, int heads, int rope_dim, const int32_t* positions,
-                       const float* inv_freq, cudaStream_t stream);
 
 void add_bf16(const uint16_t* a, const uint16_t* b, int64_t n, uint16_t* out, cudaStream_t stream);  // bf16(a + b)
 void scale_bf16(const uint16_t* x, float s, int64_t n, uint16_t* out, cudaStream_t stream);         // bf16(x · s)
