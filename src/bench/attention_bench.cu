@@ -107,17 +107,21 @@ void bench_shapes(const std::vector<Shape>& shapes, double copy_gbs, Table& tabl
       return a;
     };
     using K = cuda::SparseMlaKernel;
-    struct Variant { std::string name; int hpc, block, warps; bool split, fused; K kernel; };
+    struct Variant { std::string name; int hpc, block, warps; bool split, fused; K kernel; bool rounding = false; };
     const std::string sep = "split-KV, separate combine kernel";
     std::vector<Variant> variants = {{"split-KV, fused combine", 0, 0, 0, true, true, K::MmaSync},
+                                     // The model's form at up to 16 queries (cuda_backend_attention.cpp):
+                                     // 64-entry blocks, pieces from the running maximum before them.
+                                     {sep + ", reference rounding (the model's)", 0, 64, 0, true, false, K::Auto,
+                                      true},
                                      {sep + " (auto)", 0, 0, 0, true, false, K::Auto},
                                      {sep, 64, 64, 2, true, false, K::MmaSync},
                                      {sep, 64, 64, 4, true, false, K::MmaSync},
                                      {"unsplit baseline (CTA per query × 64 heads)", 64, 64, 4, false, false, K::MmaSync}};
     if (cuda::sparse_mla_wgmma_available())
-      variants.insert(variants.begin() + 4, {sep + ", wgmma", 0, 0, 0, true, false, K::Wgmma});
+      variants.insert(variants.begin() + 5, {sep + ", wgmma", 0, 0, 0, true, false, K::Wgmma});
     if (s.batch == 1)  // the tile shapes the auto choice picks among
-      variants.insert(variants.begin() + 2, {{sep, 16, 32, 4, true, false, K::MmaSync},
+      variants.insert(variants.begin() + 3, {{sep, 16, 32, 4, true, false, K::MmaSync},
                                              {sep, 32, 32, 4, true, false, K::MmaSync},
                                              {sep, 32, 32, 2, true, false, K::MmaSync},
                                              {sep, 64, 32, 4, true, false, K::MmaSync}});
@@ -134,6 +138,7 @@ void bench_shapes(const std::vector<Shape>& shapes, double copy_gbs, Table& tabl
       shape.split_kv = v.split;
       shape.fused_combine = v.fused;
       shape.kernel = v.kernel;
+      shape.reference_rounding = v.rounding;
       cuda::SparseMlaPlan plan(shape);
       cuda::Stream st;
       plan.compute(nullptr, T, stride, st.get());
