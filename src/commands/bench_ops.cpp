@@ -28,7 +28,7 @@ void add_bench_ops_command(CLI::App& app) {
       "  moe-repack: the load-time repack of one Flash layer, GPU vs CPU (DSV4_MOE_BENCH_FORMAT too)\n"
       "  attention: DSV4_ATTN_BENCH_SHAPES=1x1,128x2    batch x s_q\n"
       "             DSV4_ATTN_BENCH_VARIANTS=wgmma      substrings of the variant names (fused,\n"
-      "                                                 separate, wgmma, unsplit)\n"
+      "                                                 separate, reference, wgmma, unsplit)\n"
       "  indexer:   DSV4_INDEXER_BENCH_SHAPES=1x16384x512  batch x keys x k\n"
       "  linear:    the Flash FP8 projections and the bf16 head, CUDA-core kernel vs cuBLASLt, M = 1 … 8192\n"
       "             DSV4_LINEAR_BENCH_SHAPES=wq_b,head      wq_a wq_b wkv wo_b indexer_wq_b shared_w1_w3\n"
