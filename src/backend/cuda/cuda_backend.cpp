@@ -136,6 +136,31 @@ void CudaBackend::synchronize() {
   stream_.sync();
 }
 
+namespace {
+// "main", "side" or "" (both the default priority).
+std::string priority_stream() {
+  static const std::string which = [] {
+    const char* p = std::getenv("DSV4_STREAM_PRIORITY");
+    const std::string v = p ? p : "";
+    if (v != "" && v != "main" && v != "side" && v != "none")
+      fail("DSV4_STREAM_PRIORITY={}: expected main, side or none", v);
+    return v == "none" ? std::string() : v;
+  }();
+  return which;
+}
+}  // namespace
+
+int CudaBackend::stream_priority(bool side) {
+  if (priority_stream() != (side ? "side" : "main")) return 0;
+  int least = 0, greatest = 0;
+  DSV4_CUDA_CHECK(cudaDeviceGetStreamPriorityRange(&least, &greatest));
+  return greatest;
+}
+
+unsigned CudaBackend::graph_flags() {
+  return priority_stream().empty() ? 0u : unsigned(cudaGraphInstantiateFlagUseNodePriority);
+}
+
 void CudaBackend::fork_side() {
   DSV4_CHECK(active_ == stream_.get(), "fork_side: already on the branch");
   fork_event_.record(stream_.get());
@@ -172,7 +197,7 @@ std::unique_ptr<CapturedWork> CudaBackend::end_capture() {
     fail("CUDA backend: recording the step failed ({}): it synchronised, read back or allocated while recording",
          cudaGetErrorString(err));
   }
-  DSV4_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, 0));
+  DSV4_CUDA_CHECK(cudaGraphInstantiate(&g->exec, g->graph, graph_flags()));
   return g;
 }
 

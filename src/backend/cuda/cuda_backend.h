@@ -245,8 +245,12 @@ class CudaBackend final : public Backend {
     explicit DeviceSelection(int device);
     int index;
   } device_;
-  Stream stream_;
-  Stream side_;
+  // DSV4_STREAM_PRIORITY=main or side: that stream's kernels get the higher launch priority (the
+  // block scheduler places their waiting blocks first), in a recording too (node priorities).
+  static int stream_priority(bool side);
+  static unsigned graph_flags();
+  Stream stream_{stream_priority(false)};
+  Stream side_{stream_priority(true)};
   cudaStream_t active_ = stream_.get();
   Event fork_event_{false}, join_event_{false};
   bool side_pending_ = false;

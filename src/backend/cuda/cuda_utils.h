@@ -115,7 +115,10 @@ class DeviceBuffer {
 
 class Stream {
  public:
-  Stream() { DSV4_CUDA_CHECK(cudaStreamCreateWithFlags(&s_, cudaStreamNonBlocking)); }
+  // priority: as cudaStreamCreateWithPriority (0 the default and lowest, negative higher).
+  explicit Stream(int priority = 0) {
+    DSV4_CUDA_CHECK(cudaStreamCreateWithPriority(&s_, cudaStreamNonBlocking, priority));
+  }
   ~Stream() { cudaStreamDestroy(s_); }
   Stream(const Stream&) = delete;
   Stream& operator=(const Stream&) = delete;

@@ -176,7 +176,7 @@ std::vector<std::vector<CapturedWork::TracedItem>> CudaBackend::trace_replays(co
     if (!check(lib.enable(k), "enable")) return {};
   // A fresh executable graph, made while tracing is on, so that its launches are traced node by node.
   cudaGraphExec_t exec = nullptr;
-  DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec, g->graph, 0));
+  DSV4_CUDA_CHECK(cudaGraphInstantiate(&exec, g->graph, graph_flags()));
   DSV4_CUDA_CHECK(cudaGraphLaunch(exec, stream_.get()));  // uploads the graph: not one of the traced runs
   DSV4_CUDA_CHECK(cudaStreamSynchronize(stream_.get()));
   lib.flush_all(CUPTI_ACTIVITY_FLAG_FLUSH_FORCED);
