@@ -137,13 +137,16 @@ void CudaBackend::synchronize() {
 }
 
 namespace {
-// "main", "side" or "" (both the default priority).
+// The stream whose kernels the block scheduler places first: "main" (the default), "side" or ""
+// (DSV4_STREAM_PRIORITY=none: both at the default priority). The step's critical path is the main
+// stream; a branch (the compressors, the shared expert) has slack until its join, so when blocks of
+// both wait for a free SM the main stream's go first: ~1% of a batch-1 step on an H100
+// (docs/perf/2026-12-06-stream-priority.md).
 std::string priority_stream() {
   static const std::string which = [] {
     const char* p = std::getenv("DSV4_STREAM_PRIORITY");
-    const std::string v = p ? p : "";
-    if (v != "" && v != "main" && v != "side" && v != "none")
-      fail("DSV4_STREAM_PRIORITY={}: expected main, side or none", v);
+    const std::string v = p ? p : "main";
+    if (v != "main" && v != "side" && v != "none") fail("DSV4_STREAM_PRIORITY={}: expected main, side or none", v);
     return v == "none" ? std::string() : v;
   }();
   return which;

@@ -245,8 +245,9 @@ class CudaBackend final : public Backend {
     explicit DeviceSelection(int device);
     int index;
   } device_;
-  // DSV4_STREAM_PRIORITY=main or side: that stream's kernels get the higher launch priority (the
-  // block scheduler places their waiting blocks first), in a recording too (node priorities).
+  // One stream's kernels get the higher launch priority (the block scheduler places their waiting
+  // blocks first), in a recording too (node priorities): the main stream's unless
+  // DSV4_STREAM_PRIORITY says side or none (cuda_backend.cpp).
   static int stream_priority(bool side);
   static unsigned graph_flags();
   Stream stream_{stream_priority(false)};
