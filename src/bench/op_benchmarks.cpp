@@ -12,7 +12,8 @@ void run_op_benchmark(const std::string& op) {
   if (op == "indexer") return bench_indexer();
   if (op == "linear") return bench_linear();
   if (op == "persistent") return bench_persistent_layer();
-  fail("bench-ops: unknown op '{}' (expected moe, moe-repack, attention, indexer, linear or persistent)", op);
+  if (op == "chain") return bench_launch_chain();
+  fail("bench-ops: unknown op '{}' (expected moe, moe-repack, attention, indexer, linear, persistent or chain)", op);
 }
 
 }  // namespace dsv4::bench

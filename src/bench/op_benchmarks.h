@@ -15,5 +15,6 @@ void bench_attention();
 void bench_indexer();
 void bench_linear();
 void bench_persistent_layer();
+void bench_launch_chain();
 
 }  // namespace dsv4::bench

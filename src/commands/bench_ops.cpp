@@ -15,9 +15,9 @@ namespace dsv4::commands {
 void add_bench_ops_command(CLI::App& app) {
   auto* cmd = app.add_subcommand("bench-ops", "Benchmark GPU kernels (markdown tables on stdout)");
   auto op = std::make_shared<std::string>();
-  cmd->add_option("op", *op, "Which op: moe | moe-repack | attention | indexer | linear | persistent")
+  cmd->add_option("op", *op, "Which op: moe | moe-repack | attention | indexer | linear | persistent | chain")
       ->required()
-      ->check(one_of({"moe", "moe-repack", "attention", "indexer", "linear", "persistent"}));
+      ->check(one_of({"moe", "moe-repack", "attention", "indexer", "linear", "persistent", "chain"}));
   cmd->footer(
       "Each table times CUDA-graph replays over rotating weights/caches and reports % of the\n"
       "device-to-device copy bandwidth measured in the same run. Environment variables narrow a run:\n"
@@ -36,7 +36,10 @@ void add_bench_ops_command(CLI::App& app) {
       "             DSV4_LINEAR_BENCH_ROWS=1,128            row counts M\n"
       "  persistent: SWA, CSA and HCA layers at one row as a kernel chain and as one resident kernel (grid\n"
       "             barriers; with and without the next weights copied to shared memory during latency\n"
-      "             stretches), and the 43 layers projected from them\n");
+      "             stretches), and the 43 layers projected from them\n"
+      "  chain:     one link of a dependent launch chain, with the same kernel in every link or 16 distinct\n"
+      "             ones (their instructions cold), bodies of ~0, 16 and 32 KB of code, with and without\n"
+      "             an L2-sized read between links\n");
   cmd->callback([op] {
     // Checked first, so a machine without a GPU gets one line instead of a driver error.
     const std::string why = cuda_unavailable_reason();
