@@ -120,7 +120,7 @@ TEST(Cli, BenchOpsWithoutAGpuSaysSo) {
   EXPECT_TRUE(r.out.find("no CUDA backend") != std::string::npos || r.out.find("no CUDA device is visible") != std::string::npos) << r.out;
   EXPECT_EQ(r.out.find(".cu:"), std::string::npos) << r.out;
   EXPECT_EQ(r.out.find("CUDA error"), std::string::npos) << r.out;
-  expect_result(dsv4("bench-ops everything"), 2, {"error: op: expected one of moe, moe-repack, attention, indexer, linear, persistent; got 'everything'"});
+  expect_result(dsv4("bench-ops everything"), 2, {"error: op: expected one of moe, moe-repack, attention, indexer, linear, persistent, chain; got 'everything'"});
 }
 
 TEST(Cli, InspectTakesModelAndKeepsThePositionalForm) {
