@@ -278,6 +278,13 @@ TEST_P(MoeFp4Gpu, SmallLayerAllTokenCounts) {
   check_layer(shape_of(GetParam(), 32, 512, 256), 6, {3, 64}, false);
 }
 
+// Top-k past 8: the combines' 16-pair width (moe_routing.cu combine_width), the forward and a
+// tensor-parallel rank's partials.
+TEST_P(MoeFp4Gpu, WideTopK) {
+  check_layer(shape_of(GetParam(), 32, 512, 256), 12, {1, 3, 16}, true);
+  check_partials(shape_of(GetParam(), 32, 512, 256), 12, {1, 5});
+}
+
 // The smallest config-legal shape (tiny fixtures), k larger than half the experts.
 TEST_P(MoeFp4Gpu, TinyLayer) { check_layer(shape_of(GetParam(), 4, 128, 128), 3, {1, 3, 16, 64, 257}, true); }
 

@@ -8,6 +8,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <string>
 
 #include "backend/cuda/moe_fp4.h"
 #include "backend/cuda/ptx_primitives.cuh"
@@ -19,6 +20,10 @@ namespace {
 
 constexpr int kRouteThreads = 1024;  // one thread per expert in the scans: E ≤ 1024
 constexpr int kMaxK = 16;  // top-k per token the combine handles (DeepSeek-V4-Flash: 6)
+// The combines come in widths of 8 and 16 pairs: every loop over the pairs is unrolled, and at one
+// token the kernel runs cold on the decode chain, where its instructions cost by the KB
+// (docs/perf/2026-12-06-stream-priority.md: 34 KB of code at 16, 13 KB at 8).
+constexpr int combine_width(int k) { return k <= 8 ? 8 : kMaxK; }
 constexpr int kCombineThreads = 128;
 static_assert(kFusedRouteTokens * router_detail::kMaxExperts == kRouteThreads, "a token per 256 threads");
 
@@ -154,23 +159,24 @@ __device__ __forceinline__ void add_bf16x8(float (&sum)[8], const uint4& v) {
 
 // The order in which one token's pairs are summed (by expert id, then j): order[r] = the r-th pair's
 // j, −1 past the pairs whose ids lie in [0, experts).
-__device__ __forceinline__ void pair_order(const int32_t* ids, int k, int experts, int (&order)[kMaxK]) {
-  int key[kMaxK];  // id·kMaxK + j, INT_MAX for pairs outside [0, E)
+template <int kK>
+__device__ __forceinline__ void pair_order(const int32_t* ids, int k, int experts, int (&order)[kK]) {
+  int key[kK];  // id·kK + j, INT_MAX for pairs outside [0, E)
 #pragma unroll
-  for (int j = 0; j < kMaxK; ++j) {
+  for (int j = 0; j < kK; ++j) {
     const int e = j < k ? __ldg(&ids[j]) : -1;
-    key[j] = e >= 0 && e < experts ? e * kMaxK + j : INT_MAX;
+    key[j] = e >= 0 && e < experts ? e * kK + j : INT_MAX;
   }
   // Rank of each pair = number of smaller keys (keys are unique): slot r holds the r-th pair.
 #pragma unroll
-  for (int r = 0; r < kMaxK; ++r) order[r] = -1;
+  for (int r = 0; r < kK; ++r) order[r] = -1;
 #pragma unroll
-  for (int j = 0; j < kMaxK; ++j) {
+  for (int j = 0; j < kK; ++j) {
     int rank = 0;
 #pragma unroll
-    for (int i = 0; i < kMaxK; ++i) rank += key[i] < key[j];
+    for (int i = 0; i < kK; ++i) rank += key[i] < key[j];
 #pragma unroll
-    for (int r = 0; r < kMaxK; ++r)
+    for (int r = 0; r < kK; ++r)
       if (r == rank && key[j] != INT_MAX) order[r] = j;
   }
 }
@@ -185,6 +191,7 @@ __device__ __forceinline__ uint4 pack_bf16x8(const float (&sum)[8]) {
 
 // One thread = 8 channels of one token. The pairs' order is settled first, then all their loads go
 // out together: one memory latency instead of one per expert.
+template <int kK>
 __global__ void moe_combine_kernel(const __nv_bfloat16* expert_out, const int32_t* ids, int k, int experts, int hidden,
                                    const __nv_bfloat16* shared, __nv_bfloat16* out) {
   pdl_wait();  // the down GEMM's expert outputs
@@ -192,17 +199,17 @@ __global__ void moe_combine_kernel(const __nv_bfloat16* expert_out, const int32_
   const int t = blockIdx.y;
   const int c0 = (blockIdx.x * blockDim.x + threadIdx.x) * 8;
   if (c0 >= hidden) return;
-  int order[kMaxK];
+  int order[kK];
   pair_order(ids + size_t(t) * k, k, experts, order);
-  uint4 v[kMaxK];
+  uint4 v[kK];
 #pragma unroll
-  for (int r = 0; r < kMaxK; ++r)
+  for (int r = 0; r < kK; ++r)
     v[r] = order[r] >= 0 ? __ldg(reinterpret_cast<const uint4*>(expert_out + (size_t(t) * k + order[r]) * hidden + c0))
                          : make_uint4(0, 0, 0, 0);
   const uint4 sv = shared ? __ldg(reinterpret_cast<const uint4*>(shared + size_t(t) * hidden + c0)) : make_uint4(0, 0, 0, 0);
   float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-  for (int r = 0; r < kMaxK; ++r)
+  for (int r = 0; r < kK; ++r)
     if (order[r] >= 0) add_bf16x8(sum, v[r]);
   if (shared) add_bf16x8(sum, sv);
   *reinterpret_cast<uint4*>(out + size_t(t) * hidden + c0) = pack_bf16x8(sum);
@@ -217,6 +224,7 @@ __device__ __forceinline__ void add_rounded_f32x8(float (&sum)[8], const float* 
 }
 
 // moe_combine over summed f32 partials [tokens, k + 1, hidden]: one thread = 8 channels of a token.
+template <int kK>
 __global__ void moe_combine_partials_kernel(const float* partials, const int32_t* ids, int k, int hidden,
                                             __nv_bfloat16* out) {
   pdl_wait();  // the all-reduce of the partials
@@ -224,12 +232,12 @@ __global__ void moe_combine_partials_kernel(const float* partials, const int32_t
   const int t = blockIdx.x;
   const int c0 = (blockIdx.y * blockDim.x + threadIdx.x) * 8;
   if (c0 >= hidden) return;
-  int order[kMaxK];
+  int order[kK];
   pair_order(ids + size_t(t) * k, k, INT_MAX, order);
   const float* row = partials + size_t(t) * (k + 1) * hidden + c0;
   float sum[8] = {0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f, 0.f};
 #pragma unroll
-  for (int r = 0; r < kMaxK; ++r)
+  for (int r = 0; r < kK; ++r)
     if (order[r] >= 0) add_rounded_f32x8(sum, row + size_t(order[r]) * hidden);
   add_rounded_f32x8(sum, row + size_t(k) * hidden);
   *reinterpret_cast<uint4*>(out + size_t(t) * hidden + c0) = pack_bf16x8(sum);
@@ -289,7 +297,8 @@ void moe_combine(const uint16_t* expert_out, const int32_t* topk_ids, int tokens
                  const uint16_t* shared_or_null, uint16_t* out, cudaStream_t stream) {
   if (k > kMaxK || hidden % 8) fail("moe_combine: k {} (at most {}) / hidden {} (multiple of 8)", k, kMaxK, hidden);
   dim3 grid((hidden / 8 + kCombineThreads - 1) / kCombineThreads, tokens);
-  launch_programmatic(moe_combine_kernel, grid, dim3(kCombineThreads), 0, stream,
+  launch_programmatic(combine_width(k) == 8 ? moe_combine_kernel<8> : moe_combine_kernel<kMaxK>, grid,
+                      dim3(kCombineThreads), 0, stream,
                       reinterpret_cast<const __nv_bfloat16*>(expert_out), topk_ids, k, experts, hidden,
                       reinterpret_cast<const __nv_bfloat16*>(shared_or_null), reinterpret_cast<__nv_bfloat16*>(out));
 }
@@ -308,8 +317,8 @@ void moe_combine_partials(const float* partials, const int32_t* topk_ids, int to
   if (k > kMaxK || hidden % 8) fail("moe_combine_partials: k {} (at most {}) / hidden {} (multiple of 8)", k, kMaxK, hidden);
   if (tokens <= 0) return;
   dim3 grid(unsigned(tokens), (hidden / 8 + kCombineThreads - 1) / kCombineThreads);
-  launch_programmatic(moe_combine_partials_kernel, grid, dim3(kCombineThreads), 0, stream, partials, topk_ids, k, hidden,
-                      reinterpret_cast<__nv_bfloat16*>(out));
+  launch_programmatic(combine_width(k) == 8 ? moe_combine_partials_kernel<8> : moe_combine_partials_kernel<kMaxK>, grid,
+                      dim3(kCombineThreads), 0, stream, partials, topk_ids, k, hidden, reinterpret_cast<__nv_bfloat16*>(out));
 }
 
 void moe_local_expert_ids(const int32_t* ids, int64_t n, int begin, int count, int32_t* out, cudaStream_t stream) {
@@ -321,8 +330,10 @@ void moe_local_expert_ids(const int32_t* ids, int64_t n, int begin, int count, i
 std::vector<KernelLaunch> moe_routing_kernel_launches() {
   return {{"moe_route_kernel", kRouteThreads, 0},
           {"route_group_kernel", kRouteThreads, 0},
-          {"moe_combine_kernel", kCombineThreads, 0},
-          {"moe_combine_partials_kernel", kCombineThreads, 0},
+          {"moe_combine_kernel<8>", kCombineThreads, 0},
+          {"moe_combine_kernel<" + std::to_string(kMaxK) + ">", kCombineThreads, 0},
+          {"moe_combine_partials_kernel<8>", kCombineThreads, 0},
+          {"moe_combine_partials_kernel<" + std::to_string(kMaxK) + ">", kCombineThreads, 0},
           {"moe_partials_finish_kernel", kCombineThreads, 0},
           {"moe_local_expert_ids_kernel", 256, 0}};
 }
