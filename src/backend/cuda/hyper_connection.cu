@@ -298,12 +298,12 @@ __device__ __forceinline__ void x_in_plain(const uint16_t* xt, const float* pre,
 // the weight before the programmatic-launch wait), so that the block waits one memory round trip for
 // them, beside the one for the partial sums, instead of one after the other.
 constexpr int kNormChunks = kMaxNormWidth / 8 / kThreads;  // a thread's 8-channel chunks at most
-template <int HC>
+template <int HC, int kChunks = kNormChunks>
 struct NormedRows {
-  uint4 x[kNormChunks][HC], w[kNormChunks];
+  uint4 x[kChunks][HC], w[kChunks];
   __device__ __forceinline__ void load_weight(const uint16_t* norm, int D) {
 #pragma unroll
-    for (int i = 0; i < kNormChunks; ++i) {
+    for (int i = 0; i < kChunks; ++i) {
       const int c = threadIdx.x + i * kThreads;
       if (c < D / 8) w[i] = reinterpret_cast<const uint4*>(norm)[c];
     }
@@ -312,7 +312,7 @@ struct NormedRows {
   template <bool kL2 = false>
   __device__ __forceinline__ void load_streams(const uint16_t* xt, int D) {
 #pragma unroll
-    for (int i = 0; i < kNormChunks; ++i) {
+    for (int i = 0; i < kChunks; ++i) {
       const int c = threadIdx.x + i * kThreads;
 #pragma unroll
       for (int j = 0; j < HC; ++j)
@@ -327,13 +327,13 @@ struct NormedRows {
 // `sum` is the sum over the kThreads threads that call it (block_sum, or the fused form's named barrier).
 // quant (q not null; D a multiple of 256, so every chunk step takes whole warps): the normed row's
 // act_quant_fp8 beside it, row t's codes at q + t·D (q, scales and values already at row t).
-template <int HC, typename Sum>
-__device__ __forceinline__ void x_in_normed(const NormedRows<HC>& rows, const float* pre, int D, float norm_eps,
+template <int HC, int kChunks, typename Sum>
+__device__ __forceinline__ void x_in_normed(const NormedRows<HC, kChunks>& rows, const float* pre, int D, float norm_eps,
                                             uint16_t* yt, const Fp8Rows& quant, Sum sum) {
   __shared__ uint4 x_in[kMaxNormWidth / 8];
   float ss = 0;
 #pragma unroll
-  for (int i = 0; i < kNormChunks; ++i) {
+  for (int i = 0; i < kChunks; ++i) {
     const int c = threadIdx.x + i * kThreads;
     if (c >= D / 8) break;
     float a[8] = {0, 0, 0, 0, 0, 0, 0, 0};
@@ -356,7 +356,7 @@ __device__ __forceinline__ void x_in_normed(const NormedRows<HC>& rows, const fl
   }
   const float rs = rms_inverse(sum(ss), D, norm_eps);  // (the sum's barrier also publishes x_in)
 #pragma unroll
-  for (int i = 0; i < kNormChunks; ++i) {
+  for (int i = 0; i < kChunks; ++i) {
     const int c = threadIdx.x + i * kThreads;
     if (c >= D / 8) break;
     const uint4 y = rms_scale8(x_in[c], rows.w[i], rs);
@@ -446,7 +446,7 @@ __device__ __forceinline__ float x_warps_sum(float v) {
   return total;
 }
 
-template <int NMix, bool kPost, bool kNorm>
+template <int NMix, bool kPost, bool kNorm, int kRowChunks = kNormChunks>
 __global__ void __launch_bounds__(kFusedThreads)
     hc_mix_fused_kernel(const uint16_t* __restrict__ X, int T, int D, const float* __restrict__ fn, int slices,
                         float* __restrict__ partials, const PostSource post_source, const float* __restrict__ base,
@@ -469,7 +469,7 @@ __global__ void __launch_bounds__(kFusedThreads)
                                               : make_float4(0, 0, 0, 0);
     }
   }
-  NormedRows<HC> rows;
+  NormedRows<HC, kRowChunks> rows;
   if constexpr (kNorm)
     if (warp < kWarps) rows.load_weight(norm, D);
   pdl_wait();
@@ -628,8 +628,13 @@ void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const f
   const int slices = hc_slices(HC, D), blocks_per_token = hc_blocks_per_token(T, D, norm);
   // (kPost without a norm reads the state it writes through x_in_plain's plain loads: two launches.)
   if (ticket && T <= kFusedRows && (norm || !source.y)) {
-    auto kernel = source.y ? (norm ? hc_mix_fused_kernel<NMix, true, true> : hc_mix_fused_kernel<NMix, true, false>)
-                           : (norm ? hc_mix_fused_kernel<NMix, false, true> : hc_mix_fused_kernel<NMix, false, false>);
+    // A decode row's norm over D ≤ 4096 (Flash) takes 2 chunks a thread: the finishing path, which runs
+    // cold in one block on the chain, is then half the unrolled code (docs/perf/2026-12-06-stream-priority.md).
+    const bool narrow = D <= 2 * 8 * kThreads;
+    auto kernel = source.y ? (norm ? (narrow ? hc_mix_fused_kernel<NMix, true, true, 2> : hc_mix_fused_kernel<NMix, true, true>)
+                                   : hc_mix_fused_kernel<NMix, true, false>)
+                           : (norm ? (narrow ? hc_mix_fused_kernel<NMix, false, true, 2> : hc_mix_fused_kernel<NMix, false, true>)
+                                   : hc_mix_fused_kernel<NMix, false, false>);
     launch_programmatic(kernel, dim3(unsigned(slices)), dim3(kFusedThreads), 0, stream, X, int(T), D, fn, slices,
                         partials, source, base, scale, iters, norm_eps, hc_eps, norm, out, post, comb, ticket, quant);
     return;
