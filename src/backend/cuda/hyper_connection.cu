@@ -298,6 +298,7 @@ __device__ __forceinline__ void x_in_plain(const uint16_t* xt, const float* pre,
 // the weight before the programmatic-launch wait), so that the block waits one memory round trip for
 // them, beside the one for the partial sums, instead of one after the other.
 constexpr int kNormChunks = kMaxNormWidth / 8 / kThreads;  // a thread's 8-channel chunks at most
+constexpr int kDecodeNormChunks = 2;  // the decode form's chunks a thread up to D = 4096 (Flash)
 template <int HC, int kChunks = kNormChunks>
 struct NormedRows {
   uint4 x[kChunks][HC], w[kChunks];
@@ -628,12 +629,13 @@ void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const f
   const int slices = hc_slices(HC, D), blocks_per_token = hc_blocks_per_token(T, D, norm);
   // (kPost without a norm reads the state it writes through x_in_plain's plain loads: two launches.)
   if (ticket && T <= kFusedRows && (norm || !source.y)) {
-    // A decode row's norm over D ≤ 4096 (Flash) takes 2 chunks a thread: the finishing path, which runs
+    // A decode row's norm over D ≤ 4096 (Flash) takes kDecodeNormChunks a thread: the finishing path, which runs
     // cold in one block on the chain, is then half the unrolled code (docs/perf/2026-12-06-stream-priority.md).
-    const bool narrow = D <= 2 * 8 * kThreads;
-    auto kernel = source.y ? (norm ? (narrow ? hc_mix_fused_kernel<NMix, true, true, 2> : hc_mix_fused_kernel<NMix, true, true>)
+    constexpr int kN = kDecodeNormChunks;
+    const bool narrow = D <= kN * 8 * kThreads;
+    auto kernel = source.y ? (norm ? (narrow ? hc_mix_fused_kernel<NMix, true, true, kN> : hc_mix_fused_kernel<NMix, true, true>)
                                    : hc_mix_fused_kernel<NMix, true, false>)
-                           : (norm ? (narrow ? hc_mix_fused_kernel<NMix, false, true, 2> : hc_mix_fused_kernel<NMix, false, true>)
+                           : (norm ? (narrow ? hc_mix_fused_kernel<NMix, false, true, kN> : hc_mix_fused_kernel<NMix, false, true>)
                                    : hc_mix_fused_kernel<NMix, false, false>);
     launch_programmatic(kernel, dim3(unsigned(slices)), dim3(kFusedThreads), 0, stream, X, int(T), D, fn, slices,
                         partials, source, base, scale, iters, norm_eps, hc_eps, norm, out, post, comb, ticket, quant);
