@@ -626,7 +626,10 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   //  - the compressors, which read only x and the step's tables (SPEC §3.4), and in CSA the
   //    indexer's head weights, which read only x;
   //  - the KV row's norm and RoPE, the layer's index tables and the row's cache write, which read
-  //    only wkv's output and the tables, beside q's norm, wq_b and q's norm and RoPE.
+  //    only wkv's output and the tables, beside q's norm, wq_b and q's norm and RoPE. In CSA the KV
+  //    row's norm and write wait for the indexer's join and run beside the indexer's top-k instead:
+  //    the indexer reads the index tables but not the KV row, and behind the compressors in the branch
+  //    the row's kernels held it back by ~8 µs at one token (docs/perf/2026-12-06-attention-cluster.md).
   const bool beside = T <= kBranchMaxRows;
   std::vector<Tensor> keep;
   // CSA: the indexer's head weights, scaled (SPEC §3.5).
@@ -674,11 +677,12 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   li.kind = StepIndexKind::AttentionLists;
   li.count = lp.comp_len;
   kc.kind = StepIndexKind::KeyCounts;
+  const bool kv_beside_indexer = beside && block.ratio == 4;
   if (beside) backend_.branch_begin();
-  backend_.norm_rope(kv, hd, w.kv_norm, eps, c.rope_dim, positions, rope, true);
+  if (!kv_beside_indexer) backend_.norm_rope(kv, hd, w.kv_norm, eps, c.rope_dim, positions, rope, true);
   const std::vector<Tensor> idx = backend_.step_index_sets({ix, ring, block.ratio == 4 ? kc : li});
   const Tensor &new_entries = idx[0], &ring_slots = idx[1];
-  backend_.write_entries(kv, new_entries, kv_pool);
+  if (!kv_beside_indexer) backend_.write_entries(kv, new_entries, kv_pool);
   if (beside) backend_.branch_end();
 
   Tensor qr = backend_.rms_norm(qa_kv[0], w.q_norm, eps);
@@ -698,9 +702,19 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
     backend_.hadamard_fp4_simulate(qi, id);
     if (!beside) hw = head_weights();
     join_branch();
+    if (kv_beside_indexer) {
+      backend_.branch_begin();
+      backend_.norm_rope(kv, hd, w.kv_norm, eps, c.rope_dim, positions, rope, true);
+      backend_.write_entries(kv, new_entries, kv_pool);
+      backend_.branch_end();
+      joined = false;
+    }
     KeyTables keys{lp.keys, plan.tables.row_span, idx[2], std::max(lp.max_keys, 1)};
     topk = backend_.indexer_topk(qi, hw, Hi, lp.caches->keys.pool(), keys, c.index_topk);
     emit("index_topk", l, topk);
+    // Joined here rather than just before the attention: a join there (an edge into the attention's
+    // plan kernel) left its maximum pass ~5 µs slower (docs/perf/2026-12-06-attention-cluster.md, run 6).
+    join_branch();
   }
 
   // Per-query entry lists: the window (oldest first, −1 padded to `win`), then the compressed part.

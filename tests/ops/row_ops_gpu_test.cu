@@ -306,7 +306,7 @@ void check_rope(int64_t rows, int heads, int head_dim, bool yarn, bool inverse) 
 }
 
 TEST(RowOpsRope, MatchesCpu) {
-  for (int64_t rows : {1, 3, 37})
+  for (int64_t rows : {1, 3, 37, 100})  // (up to 64 rows a row spreads over several blocks)
     for (bool inverse : {false, true}) {
       check_rope(rows, 4, 512, false, inverse);   // fixture q
       check_rope(rows, 64, 512, true, inverse);   // Flash q / attention output
@@ -391,6 +391,7 @@ TEST(RowOpsHeadNormRope, SameBitsAsTheOpsInSequence) {
     check_head_norm_rope(rows, 64, 512);  // Flash q
     check_head_norm_rope(rows, 4, 512);   // fixture q (a block's heads beyond the row's)
     check_head_norm_rope(rows, 13, 128);  // heads not a multiple of the block's 8
+    check_head_norm_rope(rows, 3, 80);    // a head not a multiple of the warp's 32 channels
   }
 }
 

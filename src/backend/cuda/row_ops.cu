@@ -21,6 +21,7 @@ namespace {
 constexpr int kBlockThreads = 256;            // row kernels and elementwise kernels
 constexpr int kWarpsPerBlock = kBlockThreads / 32;  // warp-per-item kernels
 constexpr int kMaxRopePairs = 256;            // rope_dim ≤ 512
+constexpr int64_t kSpreadRopeRows = 64;       // rows up to which rope spreads a row over several blocks
 constexpr unsigned kFullMask = 0xffffffffu;
 
 __device__ __forceinline__ float round_bf16_dev(float f) { return bf16_value(bf16_bits(f)); }
@@ -187,7 +188,10 @@ __global__ void __launch_bounds__(kBlockThreads)
   for (int i = lane; i < pairs; i += 32) rotate_pair(reinterpret_cast<uint32_t*>(r + 2 * i), cos_pair[i], sin_pair[i]);
 }
 
-// A block per row: the row's cos/sin once in shared memory, then every (head, pair) of the row.
+// Blocks (row, part): the row's cos/sin in each block's shared memory, then the part's share of the
+// row's (head, pair) items. A decode row's 2048 pairs in one block made each thread walk 8 of them one
+// dependent memory round trip after another (~4 µs on the step's chain); its row is spread over
+// gridDim.y blocks, a pair a thread (rope()).
 __global__ void __launch_bounds__(kBlockThreads) rope_kernel(uint16_t* __restrict__ x, int heads, int head_dim,
                                                              int rope_dim, const int32_t* __restrict__ positions,
                                                              const float* __restrict__ inv_freq, bool inverse) {
@@ -201,7 +205,7 @@ __global__ void __launch_bounds__(kBlockThreads) rope_kernel(uint16_t* __restric
   pdl_wait();
   pdl_launch_dependents();
   uint16_t* xr = x + row * heads * head_dim + (head_dim - rope_dim);
-  for (int idx = threadIdx.x; idx < heads * pairs; idx += blockDim.x) {
+  for (int idx = blockIdx.y * blockDim.x + threadIdx.x; idx < heads * pairs; idx += gridDim.y * blockDim.x) {
     const int h = idx / pairs, i = idx % pairs;
     rotate_pair(reinterpret_cast<uint32_t*>(xr + int64_t(h) * head_dim + 2 * i), cos_pair[i], sin_pair[i]);
   }
@@ -442,7 +446,10 @@ void rope(uint16_t* x, int64_t rows, int heads, int head_dim, int rope_dim, cons
   check_grid(rows, "rope");
   const int work = heads * (rope_dim / 2);
   const int threads = work >= kBlockThreads ? kBlockThreads : (work + 31) / 32 * 32;
-  launch_programmatic(rope_kernel, dim3(unsigned(rows)), dim3(threads), 0, stream, x, heads, head_dim, rope_dim,
+  // A decode step's few rows: a block per kBlockThreads pairs (each block computes the row's table, before
+  // the programmatic wait); a prefill chunk's rows: a block per row.
+  const unsigned parts = rows <= kSpreadRopeRows ? unsigned((work + threads - 1) / threads) : 1u;
+  launch_programmatic(rope_kernel, dim3(unsigned(rows), parts), dim3(threads), 0, stream, x, heads, head_dim, rope_dim,
                       positions, inv_freq, inverse);
 }
 

@@ -170,6 +170,15 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
   float* row_sum = reinterpret_cast<float*>(smem + L::row_sum);
   const uint32_t s_q = smem_u32(smem + L::q), s_kv = smem_u32(smem + L::kv), s_p = smem_u32(smem + L::p);
   const uint32_t s_raw = smem_u32(smem + L::raw), s_raw_scales = smem_u32(smem + L::raw_scales);
+  // Whole list in this CTA: the sink of the two heads this thread writes, loaded now rather than
+  // after the last block, where its memory round trip ended the kernel (~1 µs of a decode step's
+  // one-query attention, docs/perf/2026-12-06-attention-cluster.md). Not in the 512-thread CTA,
+  // whose 128-register budget has no room for them over the loop.
+  constexpr bool kEarlySink = !kMaxPass && L::kThreads <= 256;
+  float sink[2] = {0.f, 0.f};
+  if (kEarlySink && partial_slot < 0)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) sink[h] = a.sink[head0 + 16 * r + gid + 8 * h];
 
   // Entry id of list position `pos` (−1 past the list's length), read by threads 0..kBlock-1. The
   // load does not wait for the length (any position inside the row may be read).
@@ -382,7 +391,7 @@ __device__ void run_piece(const KernelParams& p, uint8_t* smem, int job, int blo
     for (int h = 0; h < 2; ++h) {
       const int head = head0 + 16 * r + gid + 8 * h;
       const float mu = m[h] == -INFINITY ? 0.f : m[h];
-      const float inv = 1.f / (l[h] + __expf(a.sink[head] - mu));
+      const float inv = 1.f / (l[h] + __expf((kEarlySink ? sink[h] : a.sink[head]) - mu));
       __nv_bfloat16* dst = a.out + (size_t(query) * p.n_heads + head) * kD + dim0;
 #pragma unroll
       for (int nt = 0; nt < L::kDimTiles; ++nt)
