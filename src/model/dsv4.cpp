@@ -629,7 +629,7 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   //    only wkv's output and the tables, beside q's norm, wq_b and q's norm and RoPE. In CSA the KV
   //    row's norm and write wait for the indexer's join and run beside the indexer's top-k instead:
   //    the indexer reads the index tables but not the KV row, and behind the compressors in the branch
-  //    the row's kernels held it back by ~8 µs at one token (docs/perf/2026-12-06-attention-cluster.md).
+  //    the row's kernels held it back by ~7 µs at one token (docs/perf/2026-12-06-attention-cluster.md).
   const bool beside = T <= kBranchMaxRows;
   std::vector<Tensor> keep;
   // CSA: the indexer's head weights, scaled (SPEC §3.5).
