@@ -135,13 +135,15 @@ __global__ void __launch_bounds__(kRouteThreads)
   using namespace router_detail;
   __shared__ float s_aff[kFusedRouteTokens][kMaxExperts];
   __shared__ int32_t s_id[kFusedRouteTokens][kMaxExperts];
+  __shared__ float s_bias[kMaxExperts];  // (a weight: loaded before the wait, see token_select)
+  if (bias && int(threadIdx.x) < E) s_bias[threadIdx.x] = bias[threadIdx.x];
   pdl_wait();  // the gate logits
   pdl_launch_dependents();
   const int t = threadIdx.x / kMaxExperts, i = threadIdx.x % kMaxExperts;
   if (t < T) token_affinities(i, logits + int64_t(t) * E, hash_table, token_ids, t, E, k, s_aff[t], s_id[t]);
   __syncthreads();
   if (t < T && i < 32)
-    token_select(i, s_aff[t], s_id[t], bias, hash_table != nullptr, E, k, route_scale, ids + t * k, weights + t * k);
+    token_select(i, s_aff[t], s_id[t], bias ? s_bias : nullptr, hash_table != nullptr, E, k, route_scale, ids + t * k, weights + t * k);
   __syncthreads();  // (the block's global writes are visible to the block after the barrier)
   group_pairs(ids, T * k, experts, groups);
 }

@@ -21,13 +21,15 @@ __global__ void __launch_bounds__(kMaxExperts)
                       int k, float route_scale, int32_t* __restrict__ ids, float* __restrict__ weights) {
   __shared__ float s_aff[kMaxExperts];
   __shared__ int32_t s_id[kMaxExperts];
+  __shared__ float s_bias[kMaxExperts];  // (a weight: copied before the wait, see token_select)
+  if (bias && int(threadIdx.x) < E) s_bias[threadIdx.x] = bias[threadIdx.x];
   pdl_wait();
   pdl_launch_dependents();
   const int64_t t = blockIdx.x;
   token_affinities(threadIdx.x, logits + t * E, hash_table, token_ids, t, E, k, s_aff, s_id);
   __syncthreads();
   if (threadIdx.x >= 32) return;
-  token_select(threadIdx.x, s_aff, s_id, bias, hash_table != nullptr, E, k, route_scale, ids + t * k, weights + t * k);
+  token_select(threadIdx.x, s_aff, s_id, bias ? s_bias : nullptr, hash_table != nullptr, E, k, route_scale, ids + t * k, weights + t * k);
 }
 
 }  // namespace

@@ -47,7 +47,9 @@ __device__ __forceinline__ void token_affinities(int i, const float* z, const in
 }
 
 // One warp (lane): token t's ids and weights from its affinities (after a barrier over
-// token_affinities' threads).
+// token_affinities' threads). The kernels pass the bias as a copy in shared memory that they make
+// before their programmatic wait (it is a weight): read from global memory here, after the barrier,
+// its round trip sat on the decode step's chain (docs/perf/2026-12-06-attention-cluster.md).
 __device__ __forceinline__ void token_select(int lane, const float* s_aff, const int32_t* s_id, const float* bias,
                                              bool hash, int E, int k, float route_scale, int32_t* out_ids,
                                              float* out_w) {
