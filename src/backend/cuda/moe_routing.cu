@@ -136,6 +136,10 @@ __global__ void __launch_bounds__(kRouteThreads)
   __shared__ float s_aff[kFusedRouteTokens][kMaxExperts];
   __shared__ int32_t s_id[kFusedRouteTokens][kMaxExperts];
   __shared__ float s_bias[kMaxExperts];  // (a weight: loaded before the wait, see token_select)
+  // The selection stays in shared memory for the grouping and the normalisation; global memory only
+  // receives it. Written to and read back from there, each was an L2 round trip on the decode chain.
+  __shared__ int32_t s_ids[kFusedRouteTokens * kMaxK];
+  __shared__ float s_weights[kFusedRouteTokens * kMaxK];
   if (bias && int(threadIdx.x) < E) s_bias[threadIdx.x] = bias[threadIdx.x];
   pdl_wait();  // the gate logits
   pdl_launch_dependents();
@@ -143,9 +147,14 @@ __global__ void __launch_bounds__(kRouteThreads)
   if (t < T) token_affinities(i, logits + int64_t(t) * E, hash_table, token_ids, t, E, k, s_aff[t], s_id[t]);
   __syncthreads();
   if (t < T && i < 32)
-    token_select(i, s_aff[t], s_id[t], bias ? s_bias : nullptr, hash_table != nullptr, E, k, route_scale, ids + t * k, weights + t * k);
-  __syncthreads();  // (the block's global writes are visible to the block after the barrier)
-  group_pairs(ids, T * k, experts, groups);
+    token_select(i, s_aff[t], s_id[t], bias ? s_bias : nullptr, hash_table != nullptr, E, k, route_scale, s_ids + t * k,
+                 s_weights + t * k);
+  __syncthreads();
+  if (int(threadIdx.x) < T * k) {
+    ids[threadIdx.x] = s_ids[threadIdx.x];
+    weights[threadIdx.x] = s_weights[threadIdx.x];
+  }
+  group_pairs(s_ids, T * k, experts, groups);
 }
 
 // Adds 8 bf16 channels to sum.
@@ -285,7 +294,7 @@ bool moe_route_topk_pairs(const float* logits, const float* bias, const int32_t*
                           int tokens, int E, int k, float route_scale, int32_t* ids, float* weights, int experts,
                           bool with_passes, MoeWorkspace& ws, cudaStream_t stream) {
   if (tokens < 1 || tokens > kFusedRouteTokens || E > router_detail::kMaxExperts || experts > kRouteThreads ||
-      tokens > ws.max_tokens() || k != ws.k())
+      k > kMaxK || tokens > ws.max_tokens() || k != ws.k())
     return false;
   if (E <= 0 || k <= 0 || k > E || (hash_table && !token_ids))
     fail("moe_route_topk_pairs: E {}, k {}{}", E, k, hash_table && !token_ids ? ", hash routing without token ids" : "");
