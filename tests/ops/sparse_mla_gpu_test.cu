@@ -56,6 +56,9 @@ struct Case {
   // against the same maxima, so only the f32 order of the combine differs — every output within
   // one bf16 ulp plus 1e-5 of its (query, head)'s largest |output|.
   bool match_unsplit = false;
+  // The model's form: lists walked to their stride (no lengths), the plan by compute_once — launched
+  // twice, the second time (and in a recording) with its tables settled, read before the wait.
+  bool plan_once = false;
 };
 
 // Fills every entry of a pool with random KV vectors (per-block magnitudes vary) in the FP8 layout.
@@ -242,7 +245,7 @@ double run_case(const Case& c) {
   a.window_pool = d_wpool.get();
   a.compressed_pool = c.two_pools ? d_cpool.get() : d_wpool.get();
   a.lists = d_lists.get();
-  a.list_lengths = d_lengths.get();
+  a.list_lengths = c.plan_once ? nullptr : d_lengths.get();
   a.list_stride = stride;
   a.sink = d_sink.get();
   a.scale = scale;
@@ -281,10 +284,17 @@ double run_case(const Case& c) {
     return rel;
   };
   double rel = 0;
+  auto compute_plan = [&](cudaStream_t s) {
+    if (c.plan_once)
+      plan.compute_once(T, stride, s);
+    else
+      plan.compute(d_lengths.get(), T, stride, s);
+  };
   if (c.graph) {
+    if (c.plan_once) plan.compute_once(T, stride, stream.get());  // the recording's tables settled
     Graph graph;
     graph.capture(stream.get(), [&](cudaStream_t s) {
-      plan.compute(d_lengths.get(), T, stride, s);
+      compute_plan(s);
       sparse_mla_decode(plan, a, s);
     });
     // Poisoned before each replay, so that the second must write every output itself (the fused
@@ -295,10 +305,13 @@ double run_case(const Case& c) {
       rel = std::max(rel, check(replay));
     }
   } else {
-    d_out.fill_bytes(0xff, stream.get());  // NaN poison
-    plan.compute(d_lengths.get(), T, stride, stream.get());
-    sparse_mla_decode(plan, a, stream.get());
-    rel = check("launch");
+    for (const char* launch : {"launch", "settled plan"}) {
+      if (launch[0] == 's' && !c.plan_once) break;
+      d_out.fill_bytes(0xff, stream.get());  // NaN poison
+      compute_plan(stream.get());
+      sparse_mla_decode(plan, a, stream.get());
+      rel = std::max(rel, check(launch));
+    }
   }
   if (c.match_unsplit) {
     const std::vector<__nv_bfloat16> split_out = d_out.download(stream.get());
@@ -504,6 +517,16 @@ TEST(SparseMlaGpu, ReferenceRoundingMatchesTheUnsplitKernel) {
   c.s_q = {1, 1};
   c.graph = true;
   run_case(c);
+  // The model's form at one and four queries, launched and recorded.
+  c.plan_once = true;
+  c.s_q.clear();
+  for (bool graph : {false, true}) {
+    c.graph = graph;
+    c.last_pos = {9000};
+    run_case(c);
+    c.last_pos = {9000, 2046, 700, 30000};
+    run_case(c);
+  }
 }
 
 TEST(SparseMlaGpu, CudaGraphReplay) {
@@ -515,6 +538,76 @@ TEST(SparseMlaGpu, CudaGraphReplay) {
   run_case(c);  // fused combine: its per-job counters must be back at zero for the second replay
   c.fused_combine = false;
   run_case(c);
+}
+
+// The plan's tables as the decode kernel reads them (view()) for `queries` queries, downloaded (the
+// job tables hold entries for the plan's maximum; a schedule writes its own jobs' and one more).
+std::vector<int32_t> plan_tables(const SparseMlaPlan& plan, int queries) {
+  const SparseMlaPlan::View v = plan.view();
+  const size_t jobs = size_t(queries) * (plan.shape().n_heads / plan.heads_per_cta()) + 1,
+               ctas = size_t(plan.grid_ctas());
+  std::vector<int32_t> out(2 + 2 * jobs + 4 * ctas);
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+  DSV4_CUDA_CHECK(cudaMemcpy(out.data(), v.meta, 2 * 4, cudaMemcpyDeviceToHost));
+  DSV4_CUDA_CHECK(cudaMemcpy(out.data() + 2, v.job_unit_start, jobs * 4, cudaMemcpyDeviceToHost));
+  DSV4_CUDA_CHECK(cudaMemcpy(out.data() + 2 + jobs, v.job_first_piece, jobs * 4, cudaMemcpyDeviceToHost));
+  DSV4_CUDA_CHECK(cudaMemcpy(out.data() + 2 + 2 * jobs, v.cta_first_piece, ctas * 16, cudaMemcpyDeviceToHost));
+  return out;
+}
+
+void poison_tables(const SparseMlaPlan& plan) {
+  const SparseMlaPlan::View v = plan.view();
+  const size_t jobs = size_t(v.num_jobs) + 1;
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // (the test's stream does not wait for the default one)
+  DSV4_CUDA_CHECK(cudaMemset(const_cast<int32_t*>(v.meta), 0xff, 2 * 4));
+  DSV4_CUDA_CHECK(cudaMemset(const_cast<int32_t*>(v.job_unit_start), 0xff, jobs * 4));
+  DSV4_CUDA_CHECK(cudaMemset(const_cast<int32_t*>(v.job_first_piece), 0xff, jobs * 4));
+  DSV4_CUDA_CHECK(cudaMemset(const_cast<int4*>(v.cta_first_piece), 0xff, size_t(plan.grid_ctas()) * 16));
+  DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+}
+
+// compute_once: each (queries, stride) pair gets the tables compute() makes for lists walked to the
+// stride, in tables of its own that later calls select again; a pair first met while the stream
+// records is computed in the recording, into the shared tables.
+TEST(SparseMlaGpu, PlanComputedOncePerQueriesAndStride) {
+  SparseMlaShape shape;
+  shape.max_queries = 4;
+  shape.n_heads = 64;
+  shape.split_kv = true;
+  shape.reference_rounding = true;
+  shape.block_entries = 64;
+  SparseMlaPlan plan(shape);
+  Stream stream;
+  // compute()'s tables for a pair, into the shared tables (poisoned first).
+  auto computed = [&](int queries, int stride) {
+    plan.compute(nullptr, 1, 64, stream.get());  // selects the shared tables
+    poison_tables(plan);
+    plan.compute(nullptr, queries, stride, stream.get());
+    return plan_tables(plan, queries);
+  };
+  const std::vector<int32_t> want_1 = computed(1, 640), want_4 = computed(4, 640), want_3 = computed(3, 200);
+  const int32_t* shared = plan.view().meta;
+  EXPECT_NE(want_1, want_4);
+  plan.compute_once(1, 640, stream.get());
+  const int32_t* own_1 = plan.view().meta;
+  EXPECT_NE(own_1, shared);
+  EXPECT_EQ(plan_tables(plan, 1), want_1);
+  poison_tables(plan);  // a second call must not compute again: the poison stays
+  plan.compute_once(4, 640, stream.get());
+  EXPECT_EQ(plan_tables(plan, 4), want_4);
+  plan.compute_once(1, 640, stream.get());
+  EXPECT_EQ(plan.view().meta, own_1);
+  EXPECT_NE(plan_tables(plan, 1), want_1);
+  // Met first in a recording: the shared tables, written by the replay.
+  Graph graph;
+  graph.capture(stream.get(), [&](cudaStream_t s) { plan.compute_once(3, 200, s); });
+  EXPECT_EQ(plan.view().meta, shared);
+  poison_tables(plan);
+  graph.launch(stream.get());
+  EXPECT_EQ(plan_tables(plan, 3), want_3);
+  plan.compute_once(3, 200, stream.get());  // outside a recording: tables of its own
+  EXPECT_NE(plan.view().meta, shared);
+  EXPECT_EQ(plan_tables(plan, 3), want_3);
 }
 
 // The sm_90a kernel (64 heads × 64-entry blocks, warp-specialised) on the cases above.

@@ -161,7 +161,7 @@ Tensor CudaBackend::sparse_attention(const Tensor& q, int n_heads, int head_dim,
     sink_used = sinkp.ptr<float>();
   }
   SparseMlaPlan& plan = attention_plan(int(T), heads, list_len);
-  plan.compute(nullptr, int(T), list_len, stream());
+  plan.compute_once(int(T), list_len, stream());
   SparseMlaArgs a;
   a.q = reinterpret_cast<const __nv_bfloat16*>(qp.data);
   a.window_pool = a.compressed_pool = kv_pool.storage.ptr<uint8_t>();

@@ -448,6 +448,15 @@ __global__ void __launch_bounds__(Layout<kHeads, kBlock, kSplit>::kThreads, 1)
     __trap();
   } else {
   extern __shared__ __align__(16) uint8_t smem[];
+  // Settled plan tables are read before the wait: a split CTA's start is otherwise a chain of three
+  // dependent loads after it (its first piece; the max pass's test of its job's last piece; the list).
+  const bool early = p.split && p.plan.settled;
+  sparse_mla_detail::PieceStart start{};
+  int first_job_end_piece = -1;  // the max pass: job_first_piece[first job + 1], where read early
+  if (early) {
+    start = sparse_mla_detail::load_piece_start(p);
+    if (kMaxPass && start.first.x >= 0) first_job_end_piece = p.plan.job_first_piece[start.first.x + 1];
+  }
   pdl_wait();  // q, lists and the plan come from earlier kernels
   pdl_launch_dependents();  // the combine kernel may take idle SMs now; it waits for this grid
   if (!p.split) {  // baseline: CTA = job, whole list
@@ -458,9 +467,13 @@ __global__ void __launch_bounds__(Layout<kHeads, kBlock, kSplit>::kThreads, 1)
     run_piece<kHeads, kBlock, kSplit, false>(p, smem, job, 0, max(1, (len + kBlock - 1) / kBlock), -1);
     return;
   }
-  sparse_mla_detail::for_each_piece(p, [&](int job, int begin, int end, int slot, bool) {
+  if (!early) start = sparse_mla_detail::load_piece_start(p);
+  sparse_mla_detail::for_each_piece(p, start, [&](int job, int begin, int end, int slot, bool) {
     // The max pass skips what no later piece needs: whole jobs and each job's last piece.
-    if (kMaxPass && (slot < 0 || slot == p.plan.job_first_piece[job + 1] - 1)) return;
+    if (kMaxPass && (slot < 0 || slot == (job == start.first.x && first_job_end_piece >= 0
+                                              ? first_job_end_piece
+                                              : p.plan.job_first_piece[job + 1]) - 1))
+      return;
     run_piece<kHeads, kBlock, kSplit, kMaxPass>(p, smem, job, begin, end, slot);
   });
   }
@@ -471,11 +484,12 @@ __global__ void __launch_bounds__(Layout<kHeads, kBlock, kSplit>::kThreads, 1)
 // decode CTA.
 template <int kSlices>
 __global__ void sparse_mla_combine_kernel(const KernelParams p, int heads_per_cta) {
+  const int early_pieces = p.plan.settled ? p.plan.job_first_piece[p.jobs] : 0;  // (a settled table)
   pdl_wait();  // the decode kernel's partials
   pdl_launch_dependents();
   // No job cut between CTAs (as many pieces as jobs): nothing to merge. Without this exit every
   // warp would walk its share of the jobs, one dependent table load per item (~5 µs at 256 jobs).
-  if (p.plan.job_first_piece[p.jobs] == p.jobs) return;
+  if ((p.plan.settled ? early_pieces : p.plan.job_first_piece[p.jobs]) == p.jobs) return;
   const int per_job = heads_per_cta * kSlices, items = p.jobs * per_job;
   const int warps = blockDim.x / 32, lane = threadIdx.x % 32;
   for (int item = blockIdx.x * warps + threadIdx.x / 32; item < items; item += gridDim.x * warps) {

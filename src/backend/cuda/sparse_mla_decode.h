@@ -5,6 +5,7 @@
 // Per step the model calls:
 //   build_sparse_mla_lists(...)            once per layer kind (SWA / CSA / HCA): entry lists
 //   plan.compute(list_lengths, T, stream)  once per layer kind: split plan, reused by its layers
+//   or plan.compute_once(T, stride, stream) lists walked to their stride: computed once, then reused
 //   sparse_mla_decode(plan, args, stream)  per layer
 // Numerics follow the reference kernel (cpu/sparse_mla_reference.h): f32 scores, online softmax in
 // f32 over blocks of 64 list positions (32 in the small-batch configuration), probabilities rounded
@@ -15,6 +16,8 @@
 #include <cuda_runtime.h>
 
 #include <cstdint>
+#include <map>
+#include <utility>
 #include <vector>
 
 #include "backend/cuda/cuda_utils.h"
@@ -87,6 +90,12 @@ class SparseMlaPlan {
   // Computes the schedule on the device from the list lengths (device [num_queries], nullptr =
   // every list walked to list_stride). Reusable by every layer whose lists have these lengths.
   void compute(const int32_t* list_lengths, int num_queries, int list_stride, cudaStream_t stream);
+  // The schedule of num_queries lists walked to list_stride: a function of the two numbers alone,
+  // so it is computed once per pair into its own tables and later calls only select them. A
+  // recorded decode step then replays no plan kernel: at one query it was ~3 µs on the chain of
+  // every CSA layer (docs/perf/2026-12-06-plan-once.md). A pair first met while the stream records
+  // is computed into the shared tables, in the recording (no allocation while recording).
+  void compute_once(int num_queries, int list_stride, cudaStream_t stream);
 
   const SparseMlaShape& shape() const { return shape_; }
   int heads_per_cta() const { return heads_per_cta_; }
@@ -107,6 +116,10 @@ class SparseMlaPlan {
     float* piece_max;            // [max_pieces, heads_per_cta] reference_rounding: each piece's score maximum
     int32_t* job_done;           // [jobs] pieces finished (fused combine); the last CTA resets it to 0
     int num_jobs;
+    // The four tables above were written by a plan launch of an earlier call (compute_once's tables
+    // met again: whole layers of kernels, or steps, ago), so the kernels read them before their
+    // programmatic wait.
+    bool settled;
   };
   View view() const;
 
@@ -118,8 +131,17 @@ class SparseMlaPlan {
   int grid_ctas_ = 0;
   int num_jobs_ = 0;
   bool wgmma_ = false;
-  DeviceBuffer<int32_t> meta_, job_unit_start_, job_first_piece_, job_done_;
-  DeviceBuffer<int4> cta_first_piece_;
+  struct Tables {
+    DeviceBuffer<int32_t> meta, job_unit_start, job_first_piece;
+    DeviceBuffer<int4> cta_first_piece;
+  };
+  Tables make_tables() const;
+  void launch(const int32_t* list_lengths, int num_queries, int list_stride, const Tables& t, cudaStream_t stream);
+  Tables computed_;                                   // compute()'s, and compute_once()'s while recording
+  std::map<std::pair<int, int>, Tables> once_;        // (num_queries, list_stride) → its schedule
+  const Tables* current_ = &computed_;                // the tables view() hands out
+  bool settled_ = false;                              // View::settled
+  DeviceBuffer<int32_t> job_done_;
   DeviceBuffer<float> partial_acc_;
   DeviceBuffer<float2> partial_ml_;
   DeviceBuffer<float> piece_max_;

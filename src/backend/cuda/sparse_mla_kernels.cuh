@@ -85,14 +85,24 @@ __device__ __forceinline__ void dequant16(const uint4& v, uint32_t code, uint4& 
     dequant16_f32(v, code, lo, hi);
 }
 
+// A CTA's first piece (job, first and end block in the job, partial slot; job −1: no work) and the
+// plan's unit counts: a split CTA's first loads.
+struct PieceStart {
+  int4 first;
+  int per_cta, total;
+};
+__device__ __forceinline__ PieceStart load_piece_start(const KernelParams& p) {
+  // All three at once: they are independent, and a CTA's start is a chain of latencies.
+  return PieceStart{p.plan.cta_first_piece[blockIdx.x], p.plan.meta[0], p.plan.meta[1]};
+}
+
 // Calls piece(job, first block, end block, partial slot (−1: whole job), last) for each piece of this
-// CTA's unit range in the plan, in order. The first piece comes from one load; later pieces (a range
+// CTA's unit range in the plan, in order. The first piece comes from `start`; later pieces (a range
 // that spans jobs) from the job tables.
 template <typename F>
-__device__ __forceinline__ void for_each_piece(const KernelParams& p, F&& piece) {
-  // Both loads before the branch: they are independent, and a CTA's start is a chain of latencies.
-  const int4 first = p.plan.cta_first_piece[blockIdx.x];
-  const int per_cta = p.plan.meta[0], total = p.plan.meta[1];
+__device__ __forceinline__ void for_each_piece(const KernelParams& p, const PieceStart& start, F&& piece) {
+  const int4 first = start.first;
+  const int per_cta = start.per_cta, total = start.total;
   if (first.x < 0) return;
   const int unit_end = min(total, int(blockIdx.x + 1) * per_cta);
   int job = first.x, begin = first.y, end = first.z, slot = first.w;
@@ -109,6 +119,10 @@ __device__ __forceinline__ void for_each_piece(const KernelParams& p, F&& piece)
     end = min(unit_end - unit, job_units);
     slot = pieces == 1 ? -1 : first_piece + int(blockIdx.x) - job_start / per_cta;
   }
+}
+template <typename F>
+__device__ __forceinline__ void for_each_piece(const KernelParams& p, F&& piece) {
+  for_each_piece(p, load_piece_start(p), piece);
 }
 
 // The wgmma kernel (sm_90a; 64 heads × 64-entry blocks per CTA, one CTA per SM).

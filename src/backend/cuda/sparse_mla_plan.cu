@@ -272,10 +272,7 @@ SparseMlaPlan::SparseMlaPlan(const SparseMlaShape& shape) : shape_(shape) {
   num_jobs_ = shape.max_queries * head_groups;
   const int sms = device_attribute(cudaDevAttrMultiProcessorCount);
   grid_ctas_ = shape.split_kv ? sms * ctas_per_sm : num_jobs_;
-  meta_ = DeviceBuffer<int32_t>(2);
-  job_unit_start_ = DeviceBuffer<int32_t>(num_jobs_ + 1);
-  job_first_piece_ = DeviceBuffer<int32_t>(num_jobs_ + 1);
-  cta_first_piece_ = DeviceBuffer<int4>(std::max(grid_ctas_, 1));
+  computed_ = make_tables();
   job_done_ = DeviceBuffer<int32_t>(num_jobs_);
   job_done_.fill_bytes(0);
   DSV4_CUDA_CHECK(cudaDeviceSynchronize());  // zeroed before any capture
@@ -288,19 +285,48 @@ SparseMlaPlan::SparseMlaPlan(const SparseMlaShape& shape) : shape_(shape) {
   }
 }
 
-void SparseMlaPlan::compute(const int32_t* list_lengths, int num_queries, int list_stride, cudaStream_t stream) {
+SparseMlaPlan::Tables SparseMlaPlan::make_tables() const {
+  return Tables{DeviceBuffer<int32_t>(2), DeviceBuffer<int32_t>(num_jobs_ + 1), DeviceBuffer<int32_t>(num_jobs_ + 1),
+                DeviceBuffer<int4>(std::max(grid_ctas_, 1))};
+}
+
+void SparseMlaPlan::launch(const int32_t* list_lengths, int num_queries, int list_stride, const Tables& t,
+                           cudaStream_t stream) {
   DSV4_CHECK(num_queries <= shape_.max_queries, "sparse MLA plan: {} queries > max {}", num_queries,
              shape_.max_queries);
+  current_ = &t;
+  settled_ = false;
   if (!shape_.split_kv) return;  // the unsplit kernel maps CTA = job
   launch_programmatic(sparse_mla_plan_kernel, dim3(1), dim3(kPlanThreads), 0, stream, list_lengths, num_queries,
-                      list_stride, shape_.n_heads / heads_per_cta_, block_entries_, grid_ctas_, meta_.get(),
-                      job_unit_start_.get(), job_first_piece_.get(), cta_first_piece_.get());
+                      list_stride, shape_.n_heads / heads_per_cta_, block_entries_, grid_ctas_, t.meta.get(),
+                      t.job_unit_start.get(), t.job_first_piece.get(), t.cta_first_piece.get());
+}
+
+void SparseMlaPlan::compute(const int32_t* list_lengths, int num_queries, int list_stride, cudaStream_t stream) {
+  launch(list_lengths, num_queries, list_stride, computed_, stream);
+}
+
+void SparseMlaPlan::compute_once(int num_queries, int list_stride, cudaStream_t stream) {
+  const auto key = std::make_pair(num_queries, list_stride);
+  if (auto it = once_.find(key); it != once_.end()) {
+    current_ = &it->second;  // written by a launch in an earlier call, on the stream
+    settled_ = true;
+    return;
+  }
+  cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
+  DSV4_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
+  if (capture != cudaStreamCaptureStatusNone || !shape_.split_kv) {
+    // No allocation inside a recording: the shared tables, computed in it.
+    launch(nullptr, num_queries, list_stride, computed_, stream);
+    return;
+  }
+  launch(nullptr, num_queries, list_stride, once_.emplace(key, make_tables()).first->second, stream);
 }
 
 SparseMlaPlan::View SparseMlaPlan::view() const {
-  return View{meta_.get(),        job_unit_start_.get(), job_first_piece_.get(), cta_first_piece_.get(),
-              partial_acc_.get(), partial_ml_.get(),     piece_max_.get(),       job_done_.get(),
-              num_jobs_};
+  return View{current_->meta.get(), current_->job_unit_start.get(), current_->job_first_piece.get(),
+              current_->cta_first_piece.get(), partial_acc_.get(), partial_ml_.get(), piece_max_.get(),
+              job_done_.get(), num_jobs_, settled_};
 }
 
 void build_sparse_mla_lists(const SparseMlaListArgs& args, cudaStream_t stream) {
