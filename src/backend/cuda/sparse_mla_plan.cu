@@ -307,6 +307,7 @@ void SparseMlaPlan::compute(const int32_t* list_lengths, int num_queries, int li
 }
 
 void SparseMlaPlan::compute_once(int num_queries, int list_stride, cudaStream_t stream) {
+  if (!shape_.split_kv) return compute(nullptr, num_queries, list_stride, stream);  // (no tables to keep)
   const auto key = std::make_pair(num_queries, list_stride);
   if (auto it = once_.find(key); it != once_.end()) {
     current_ = &it->second;  // written by a launch in an earlier call, on the stream
@@ -315,7 +316,7 @@ void SparseMlaPlan::compute_once(int num_queries, int list_stride, cudaStream_t 
   }
   cudaStreamCaptureStatus capture = cudaStreamCaptureStatusNone;
   DSV4_CUDA_CHECK(cudaStreamIsCapturing(stream, &capture));
-  if (capture != cudaStreamCaptureStatusNone || !shape_.split_kv) {
+  if (capture != cudaStreamCaptureStatusNone) {
     // No allocation inside a recording: the shared tables, computed in it.
     launch(nullptr, num_queries, list_stride, computed_, stream);
     return;
