@@ -44,6 +44,14 @@ std::vector<Tensor> Backend::linears(const Tensor& x, const std::vector<const Li
   return out;
 }
 
+std::vector<Tensor> Backend::linears_f32(const Tensor& x, const std::vector<std::pair<const uint16_t*, int>>& ws,
+                                         int in) {
+  std::vector<Tensor> out;
+  out.reserve(ws.size());
+  for (const auto& [w, n] : ws) out.push_back(linear_f32(x, w, n, in));
+  return out;
+}
+
 std::vector<Tensor> Backend::step_index_sets(const std::vector<StepIndexArgs>& sets) {
   std::vector<Tensor> out;
   out.reserve(sets.size());

@@ -10,6 +10,7 @@
 #include <functional>
 #include <memory>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "core/dtypes.h"
@@ -238,6 +239,10 @@ class Backend {
   virtual std::vector<Tensor> linears(const Tensor& x, const std::vector<const LinearWeight*>& ws);
   virtual Tensor linear_bf16(const Tensor& x, const uint16_t* w, int out, int in) = 0;  // bf16 x·Wᵀ, f32 accumulate → bf16
   virtual Tensor linear_f32(const Tensor& x, const uint16_t* w, int out, int in) = 0;   // f32(x)·f32(W)ᵀ → f32
+  // linear_f32(x, w, out, in) for each (w, out), in order: the values of those calls (the default
+  // makes them; a backend may run them in one launch). A layer's compressor projections.
+  virtual std::vector<Tensor> linears_f32(const Tensor& x, const std::vector<std::pair<const uint16_t*, int>>& ws,
+                                          int in);
   virtual Tensor grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) = 0;  // [T,H·d] → [T,groups·rank]
 
   // Hyper-connections (SPEC §3.2, §3.8). With `norm` (bf16 [D]; may be null) hc_pre and hc_head return

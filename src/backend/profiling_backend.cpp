@@ -4,6 +4,8 @@
 #include <set>
 #include <type_traits>
 
+#include <fmt/format.h>
+
 #include "backend/kv_cache_layout.h"
 #include "core/error.h"
 
@@ -198,6 +200,21 @@ std::vector<Tensor> ProfilingBackend::linears(const Tensor& x, const std::vector
     flops += 2 * rows(x) * ws[i]->out * ws[i]->in;
   }
   return timed(label, weights_and(weights, bytes(x) + out, flops), [&] { return inner_->linears(x, ws); });
+}
+std::vector<Tensor> ProfilingBackend::linears_f32(const Tensor& x,
+                                                  const std::vector<std::pair<const uint16_t*, int>>& ws, int in) {
+  if (!on_ && !recording_) return inner_->linears_f32(x, ws, in);
+  // One weight: what linear_f32 would say; several: "linears_f32 1024+1024x4096".
+  std::vector<std::string> widths;
+  double weights = 0, out = 0;
+  for (const auto& [w, n] : ws) {
+    widths.push_back(std::to_string(n));
+    weights += 2.0 * n * in;
+    out += 4.0 * rows(x) * n;  // f32 results
+  }
+  const std::string label = fmt::format("{} {}x{}", ws.size() == 1 ? "linear_f32" : "linears_f32", fmt::join(widths, "+"), in);
+  return timed(label, weights_and(weights, bytes(x) + out, rows(x) * weights),
+               [&] { return inner_->linears_f32(x, ws, in); });
 }
 Tensor ProfilingBackend::linear_bf16(const Tensor& x, const uint16_t* w, int out, int in) {
   if (!on_ && !recording_) return inner_->linear_bf16(x, w, out, in);

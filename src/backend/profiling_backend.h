@@ -110,6 +110,8 @@ class ProfilingBackend final : public Backend {
 
   Tensor linear(const Tensor& x, const LinearWeight& w) override;
   std::vector<Tensor> linears(const Tensor& x, const std::vector<const LinearWeight*>& ws) override;
+  std::vector<Tensor> linears_f32(const Tensor& x, const std::vector<std::pair<const uint16_t*, int>>& ws,
+                                  int in) override;
   Tensor linear_bf16(const Tensor& x, const uint16_t* w, int out, int in) override;
   Tensor linear_f32(const Tensor& x, const uint16_t* w, int out, int in) override;
   Tensor grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) override;

@@ -579,12 +579,22 @@ Dsv4Model::BlockOutput Dsv4Model::run_block_pending(const BlockWeights& block, B
   return out;
 }
 
-void Dsv4Model::compress(const CompressorWeights& w, const Tensor& x, const StepPlan& plan, const LayerPlan& lp,
-                         bool index_keys, const RopeTable& rope, std::vector<Tensor>& keep) {
+void Dsv4Model::compress_layer(const AttentionWeights& w, int ratio, const Tensor& x, const StepPlan& plan,
+                               const LayerPlan& lp, const RopeTable& rope, std::vector<Tensor>& keep) {
+  // Every projection of x the layer's compressors make (wkv and wgate; CSA: the indexer
+  // compressor's too) in one call, then each compressor's update and cache write.
+  const CompressorWeights &cw = w.compressor, &iw = w.indexer.compressor;
+  std::vector<std::pair<const uint16_t*, int>> ws = {{cw.wkv, cw.coff * cw.head_dim}, {cw.wgate, cw.coff * cw.head_dim}};
+  if (ratio == 4) ws.insert(ws.end(), {{iw.wkv, iw.coff * iw.head_dim}, {iw.wgate, iw.coff * iw.head_dim}});
+  const std::vector<Tensor> p = backend_.linears_f32(x, ws, config().dim);
+  compress(cw, p[0], p[1], plan, lp, false, rope, keep);
+  if (ratio == 4) compress(iw, p[2], p[3], plan, lp, true, rope, keep);
+}
+
+void Dsv4Model::compress(const CompressorWeights& w, const Tensor& a, const Tensor& g, const StepPlan& plan,
+                         const LayerPlan& lp, bool index_keys, const RopeTable& rope, std::vector<Tensor>& keep) {
   const ModelConfig& c = config();
-  const int d = w.head_dim, width = w.coff * d;
-  Tensor a = backend_.linear_f32(x, w.wkv, width, c.dim);
-  Tensor g = backend_.linear_f32(x, w.wgate, width, c.dim);
+  const int d = w.head_dim;
   // The entries this step completes, span by span, in one tensor (SPEC §3.4); a fixed-shape plan
   // pads it to its bound (entry id −1: not written).
   const int64_t e = lp.completed;
@@ -642,15 +652,11 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   Tensor hw;
   if (beside && block.ratio) {
     backend_.branch_begin();
-    compress(w.compressor, x, plan, lp, false, rope, keep);
-    if (block.ratio == 4) {
-      compress(w.indexer.compressor, x, plan, lp, true, rope, keep);
-      hw = head_weights();
-    }
+    compress_layer(w, block.ratio, x, plan, lp, rope, keep);
+    if (block.ratio == 4) hw = head_weights();
     backend_.branch_end();
   } else if (block.ratio) {
-    compress(w.compressor, x, plan, lp, false, rope, keep);
-    if (block.ratio == 4) compress(w.indexer.compressor, x, plan, lp, true, rope, keep);
+    compress_layer(w, block.ratio, x, plan, lp, rope, keep);
   }
   bool joined = !beside;
   const auto join_branch = [&] {

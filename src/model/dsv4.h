@@ -145,9 +145,12 @@ class Dsv4Model : public ServingModel {
   BlockOutput run_block_pending(const BlockWeights& block, BlockOutput in, const StepPlan& plan, size_t layer);
   Tensor settle(BlockOutput out);  // X, running a pending hc_post
   Tensor attention(const BlockWeights& block, const Tensor& x, const StepPlan& plan, const LayerPlan& lp);
-  // The layer's compressor (or with index_keys the indexer's) over this step's rows; every tensor it
-  // makes goes to `keep` (the caller may run it as a Backend branch).
-  void compress(const CompressorWeights& w, const Tensor& x, const StepPlan& plan, const LayerPlan& lp, bool index_keys,
+  // The layer's compressors (CSA: the indexer's too) over this step's rows; every tensor they make
+  // goes to `keep` (the caller may run them as a Backend branch).
+  void compress_layer(const AttentionWeights& w, int ratio, const Tensor& x, const StepPlan& plan, const LayerPlan& lp,
+                      const RopeTable& rope, std::vector<Tensor>& keep);
+  // One compressor's update and cache write from its projections a (wkv) and g (wgate) of x.
+  void compress(const CompressorWeights& w, const Tensor& a, const Tensor& g, const StepPlan& plan, const LayerPlan& lp, bool index_keys,
                 const RopeTable& rope, std::vector<Tensor>& keep);
   // Steps of up to this many rows run the compressors as a branch beside the query path.
   static constexpr int64_t kBranchMaxRows = 64;

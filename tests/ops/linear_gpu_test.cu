@@ -448,6 +448,63 @@ TEST(LinearFp8Block, SeveralWeightsOfOneInput) {
   }
 }
 
+// Several bf16 weights of one input in one launch (linears_bf16w): each output has the bits of
+// linear_bf16w with that weight alone, outputs poisoned first: Flash's compressor projections and
+// ragged widths (their K splits differ), bf16 and f32 inputs and outputs, and a misaligned weight
+// (each weight then on its own path, as alone).
+TEST(LinearBf16w, SeveralWeightsOfOneInput) {
+  struct Case {
+    int K;
+    std::vector<int> widths;
+    bool misaligned;
+  };
+  const Case cases[] = {{4096, {1024, 1024, 256, 256}, false}, {2048, {37, 1500, 8, 200}, false},
+                        {4096, {512, 512}, false}, {1024, {100, 64, 300}, true}};
+  Stream stream;
+  for (const Case& c : cases) {
+    std::vector<DeviceBuffer<uint16_t>> d_w;
+    for (int N : c.widths) {
+      const std::vector<uint16_t> w = random_bf16(1, N * c.K + 8);  // (room for the shifted weight)
+      d_w.emplace_back(w.size());
+      d_w.back().upload(w, stream.get());
+    }
+    for (int64_t rows : {1, 5, 16, 70}) {
+      for (bool x_f32 : {false, true}) {
+        for (bool y_f32 : {true, false}) {
+          const std::vector<uint16_t> xb = random_bf16(rows, c.K);
+          std::vector<float> xf(xb.size());
+          for (size_t i = 0; i < xb.size(); ++i) xf[i] = bf16_to_f32(xb[i]) * 0.75f;
+          DeviceBuffer<uint16_t> d_xb(xb.size());
+          DeviceBuffer<float> d_xf(xf.size());
+          d_xb.upload(xb, stream.get());
+          d_xf.upload(xf, stream.get());
+          const void* x = x_f32 ? static_cast<const void*>(d_xf.get()) : static_cast<const void*>(d_xb.get());
+          const size_t elem = y_f32 ? 4 : 2;
+          std::vector<DeviceBuffer<uint8_t>> alone, together;
+          std::vector<Bf16wOut> outs;
+          for (size_t i = 0; i < c.widths.size(); ++i) {
+            const size_t n = size_t(rows) * c.widths[i] * elem;
+            alone.emplace_back(n);
+            together.emplace_back(n);
+            alone.back().fill_bytes(0xff, stream.get());
+            together.back().fill_bytes(0xa5, stream.get());
+            // The last weight of the misaligned case starts 2 bytes into its buffer (its rows are
+            // the same values, shifted: only the loads differ).
+            const uint16_t* w = d_w[i].get() + (c.misaligned && i + 1 == c.widths.size() ? 1 : 0);
+            linear_bf16w(x, x_f32, rows, c.K, c.K, 1, w, c.widths[i], alone.back().get(), y_f32, stream.get());
+            outs.push_back({w, c.widths[i], together.back().get()});
+          }
+          linears_bf16w(x, x_f32, rows, c.K, outs.data(), int(outs.size()), y_f32, stream.get());
+          for (size_t i = 0; i < c.widths.size(); ++i)
+            EXPECT_EQ(together[i].download(stream.get()), alone[i].download(stream.get()))
+                << "weight " << i << " (N " << c.widths[i] << ", K " << c.K << "), " << rows << " rows"
+                << (x_f32 ? ", f32 x" : "") << (y_f32 ? ", f32 y" : ", bf16 y");
+        }
+      }
+    }
+  }
+}
+
 TEST(LinearBf16w, FixtureShapes) {
   for (int64_t rows : {1, 4, 33, 300}) {
     check_bf16w(Bf16Op::LinearF32FromBf16, rows, 1024, 128);  // head (logits), compressor wkv / wgate
@@ -688,6 +745,36 @@ TEST(CudaBackendLinears, SameBitsAsEachLinear) {
         EXPECT_EQ(got[i].shape, (std::vector<int64_t>{rows, widths[i]}));
         EXPECT_EQ(tensor_to_host<uint16_t>(be, got[i]), tensor_to_host<uint16_t>(be, be.linear(xt, lw[i])))
             << "weight " << i << " (N " << widths[i] << "), " << rows << " rows, DSV4_LINEAR_PATH=" << env;
+      }
+    }
+  }
+}
+
+// CudaBackend::linears_f32 (a layer's compressor projections): each result has the bits of
+// linear_f32 with that weight, in one launch at decode rows and one by one where cuBLASLt runs them.
+TEST(CudaBackendLinears, F32SameBitsAsEachLinear) {
+  for (const char* env : {"auto", "kernel", "cublaslt"}) {
+    EnvPath set(env);
+    CudaBackend be;
+    const int K = 4096;
+    const std::vector<int> widths = {1024, 1024, 256, 256};
+    std::vector<std::pair<const uint16_t*, int>> ws;
+    for (int N : widths) {
+      const std::vector<uint16_t> w = random_bf16(N, K);
+      ws.push_back({static_cast<const uint16_t*>(be.place_weight(w.data(), w.size() * 2)), N});
+    }
+    for (int64_t rows : {1, 4, 64, 300}) {
+      const std::vector<uint16_t> x = random_bf16(rows, K);
+      Tensor xt = be.from_host(DType::BF16, {rows, K}, x.data());
+      for (size_t n : {size_t(2), size_t(4)}) {
+        const std::vector<std::pair<const uint16_t*, int>> some(ws.begin(), ws.begin() + long(n));
+        const std::vector<Tensor> got = be.linears_f32(xt, some, K);
+        ASSERT_EQ(got.size(), n);
+        for (size_t i = 0; i < n; ++i) {
+          EXPECT_EQ(got[i].shape, (std::vector<int64_t>{rows, widths[i]}));
+          EXPECT_EQ(tensor_to_host<float>(be, got[i]), tensor_to_host<float>(be, be.linear_f32(xt, ws[i].first, widths[i], K)))
+              << "weight " << i << " of " << n << ", " << rows << " rows, DSV4_LINEAR_PATH=" << env;
+        }
       }
     }
   }

@@ -493,13 +493,18 @@ void CudaBackend::fp8_linears_quantised(const Tensor& q, const Tensor& s, const 
                                stream(), f32);
 }
 
+bool CudaBackend::dense_bf16w_on_gemm(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups,
+                                      const uint16_t* w, int N, void* y, bool y_f32) const {
+  // f32 inputs stay on the kernel (cuBLASLt would round them to bf16 or run a tf32 GEMM).
+  const int64_t min_rows = 2.0 * double(N) * K >= kBf16GemmAnyRowsBytes ? 1 : kBf16GemmMinRows;
+  return !x_f32 && gemm_ && linear_path_uses_gemm(linear_mode_, rows, min_rows) && LinearGemm::bf16_aligned(x, w, y) &&
+         gemm_->bf16_available(rows, K, x_row_stride, groups, N, y_f32);
+}
+
 void CudaBackend::dense_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups,
                               const uint16_t* w, int N, void* y, bool y_f32) {
   if (!rows) return;
-  // f32 inputs stay on the kernel (cuBLASLt would round them to bf16 or run a tf32 GEMM).
-  const int64_t min_rows = 2.0 * double(N) * K >= kBf16GemmAnyRowsBytes ? 1 : kBf16GemmMinRows;
-  if (!x_f32 && gemm_ && linear_path_uses_gemm(linear_mode_, rows, min_rows) && LinearGemm::bf16_aligned(x, w, y) &&
-      gemm_->bf16_available(rows, K, x_row_stride, groups, N, y_f32))
+  if (dense_bf16w_on_gemm(x, x_f32, rows, K, x_row_stride, groups, w, N, y, y_f32))
     gemm_->bf16(static_cast<const uint16_t*>(x), rows, K, x_row_stride, groups, w, N, y, y_f32, stream());
   else
     linear_bf16w(x, x_f32, rows, K, x_row_stride, groups, w, N, y, y_f32, stream());
@@ -516,6 +521,29 @@ Tensor CudaBackend::linear_f32(const Tensor& x, const uint16_t* w, int out_dim, 
   const int64_t rows = x.rows();
   Tensor out = alloc(DType::F32, {rows, out_dim});
   dense_bf16w(x.data, x.dtype == DType::F32, rows, in, in, 1, w, out_dim, out.data, true);
+  return out;
+}
+
+std::vector<Tensor> CudaBackend::linears_f32(const Tensor& x, const std::vector<std::pair<const uint16_t*, int>>& ws,
+                                             int in) {
+  const int64_t rows = x.rows();
+  const bool x_f32 = x.dtype == DType::F32;
+  DSV4_CHECK(x.numel() == rows * in, "linears_f32: input has {} values per row, the weights expect {}",
+             x.numel() / std::max<int64_t>(rows, 1), in);
+  std::vector<Tensor> out;
+  for (const auto& [w, n] : ws) out.push_back(alloc(DType::F32, {rows, n}));
+  // Together where every weight would take the kernel (decode rows); cuBLASLt's GEMMs one by one.
+  bool together = rows && ws.size() >= 2 && ws.size() <= size_t(kMaxBf16wOuts);
+  for (size_t i = 0; together && i < ws.size(); ++i)
+    together = !dense_bf16w_on_gemm(x.data, x_f32, rows, in, in, 1, ws[i].first, ws[i].second, out[i].data, true);
+  if (!together) {
+    for (size_t i = 0; i < ws.size(); ++i)
+      dense_bf16w(x.data, x_f32, rows, in, in, 1, ws[i].first, ws[i].second, out[i].data, true);
+    return out;
+  }
+  Bf16wOut parts[kMaxBf16wOuts];
+  for (size_t i = 0; i < ws.size(); ++i) parts[i] = {ws[i].first, ws[i].second, out[i].data};
+  linears_bf16w(x.data, x_f32, rows, in, parts, int(ws.size()), true, stream());
   return out;
 }
 

@@ -116,6 +116,8 @@ class CudaBackend final : public Backend {
   Tensor linear_partial(const Tensor& x, const LinearWeight& w) override;
   Tensor linear_bf16(const Tensor& x, const uint16_t* w, int out, int in) override;
   Tensor linear_f32(const Tensor& x, const uint16_t* w, int out, int in) override;
+  std::vector<Tensor> linears_f32(const Tensor& x, const std::vector<std::pair<const uint16_t*, int>>& ws,
+                                  int in) override;
   Tensor grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) override;
 
   Tensor hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mult, int iters, float norm_eps, float hc_eps,
@@ -236,6 +238,8 @@ class CudaBackend final : public Backend {
   // choose it and it can run the shape with bf16 x, else the CUDA-core kernel.
   void dense_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,
                    int N, void* y, bool y_f32);
+  bool dense_bf16w_on_gemm(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups,
+                           const uint16_t* w, int N, void* y, bool y_f32) const;
   std::string linear_paths() const;  // for the load log
   std::string attention_paths() const;
   IndexerWorkspace& indexer_workspace(int queries, int keys);

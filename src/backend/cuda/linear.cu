@@ -101,15 +101,35 @@ __device__ __forceinline__ void load_x8(const void* x, int64_t offset, float (&f
   }
 }
 
+// The weights of one launch (Bf16wOut's, with their splits): part p takes the column blocks
+// first_block[p] … first_block[p + 1] − 1 of grid.x.
+struct Bf16wParts {
+  const uint16_t* w[kMaxBf16wOuts];
+  void* y[kMaxBf16wOuts];
+  int N[kMaxBf16wOuts], splits[kMaxBf16wOuts], first_block[kMaxBf16wOuts];
+  int count;
+};
+
 // (At least 4 blocks per SM: without that bound ptxas spilled the bf16-input variants at 40
 // registers; with it they take 48 and none.)
-template <bool kXF32, bool kYF32, bool kVectorized>
+// kParts: 1 (one weight: the selection compiles away, so the single linear pays nothing for it —
+// a form that chose on every launch left grouped_out_proj ~2% slower on an H100) or kMaxBf16wOuts.
+template <bool kXF32, bool kYF32, bool kVectorized, int kParts = 1>
 __global__ void __launch_bounds__(kColsPerBlock * 32, 4)
     linear_bf16w_kernel(const void* __restrict__ x, int64_t rows, int K, int64_t x_row_stride, int cols_per_group,
-                        const uint16_t* __restrict__ w, int N, int splits, void* __restrict__ y) {
+                        const Bf16wParts parts) {
   __shared__ float slice_sum[kColsPerBlock][kRowsPerPass];
+  // This block's part, by selects over constant indices (an indexed parameter array would be
+  // copied to local memory first: 120 bytes of stack and a slower start for every block).
+  const uint16_t* __restrict__ w = parts.w[0];
+  void* __restrict__ y = parts.y[0];
+  int N = parts.N[0], splits = parts.splits[0], first = 0;
+#pragma unroll
+  for (int i = 1; i < kParts; ++i)
+    if (i < parts.count && int(blockIdx.x) >= parts.first_block[i])
+      w = parts.w[i], y = parts.y[i], N = parts.N[i], splits = parts.splits[i], first = parts.first_block[i];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int j = blockIdx.x * (kColsPerBlock / splits) + warp / splits, slice = warp % splits;
+  const int j = (int(blockIdx.x) - first) * (kColsPerBlock / splits) + warp / splits, slice = warp % splits;
   const bool active = j < N;
   if (!active && splits == 1) return;  // with slices every warp takes part in the combine
   const uint16_t* w_row = w + int64_t(active ? j : 0) * K;
@@ -192,18 +212,35 @@ dim3 linear_grid(int64_t rows, int N, int splits) {
 
 bool aligned16(const void* p) { return (reinterpret_cast<uintptr_t>(p) & 15u) == 0; }
 
+// One launch over outs[0 … n) (groups > 1: one weight). A weight's splits depend on its N and K
+// only, so each output has the bits of its weight launched alone.
 template <bool kXF32, bool kYF32>
-void launch_bf16w(const void* x, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w, int N,
-                  void* y, cudaStream_t stream) {
-  const bool vectorized = K % 8 == 0 && x_row_stride % 8 == 0 && aligned16(x) && aligned16(w);
-  const int splits = vectorized ? k_splits(N, K / 8) : 1;
-  const dim3 grid = linear_grid(rows, N, splits), block(kColsPerBlock * 32);
-  if (vectorized)
+void launch_bf16w(const void* x, int64_t rows, int K, int64_t x_row_stride, int groups, const Bf16wOut* outs, int n,
+                  cudaStream_t stream) {
+  bool vectorized = K % 8 == 0 && x_row_stride % 8 == 0 && aligned16(x);
+  for (int p = 0; p < n; ++p) vectorized = vectorized && aligned16(outs[p].w);
+  Bf16wParts parts{};
+  parts.count = n;
+  int64_t blocks = 0;
+  for (int p = 0; p < n; ++p) {
+    parts.w[p] = outs[p].w, parts.y[p] = outs[p].y, parts.N[p] = outs[p].N;
+    parts.splits[p] = vectorized ? k_splits(outs[p].N, K / 8) : 1;
+    parts.first_block[p] = int(blocks);
+    blocks += linear_grid(rows, outs[p].N, parts.splits[p]).x;
+  }
+  if (blocks > INT_MAX) fail("linear_bf16w: {} column blocks is too many", blocks);
+  const dim3 grid(unsigned(blocks), linear_grid(rows, 1, 1).y), block(kColsPerBlock * 32);
+  const int cols_per_group = groups == 1 ? INT_MAX : outs[0].N / groups;  // (one group: every column reads x's row)
+  if (n > 1 && !vectorized) fail("linear_bf16w: {} weights in one launch need 16-byte loads", n);
+  if (n > 1)
+    launch_programmatic(linear_bf16w_kernel<kXF32, kYF32, true, kMaxBf16wOuts>, grid, block, 0, stream, x, rows, K,
+                        x_row_stride, cols_per_group, parts);
+  else if (vectorized)
     launch_programmatic(linear_bf16w_kernel<kXF32, kYF32, true>, grid, block, 0, stream, x, rows, K, x_row_stride,
-                        N / groups, w, N, splits, y);
+                        cols_per_group, parts);
   else
     launch_programmatic(linear_bf16w_kernel<kXF32, kYF32, false>, grid, block, 0, stream, x, rows, K, x_row_stride,
-                        N / groups, w, N, splits, y);
+                        cols_per_group, parts);
 }
 
 // 16 codes per thread → 16 bf16 values: code × scale, exact (see linear.h).
@@ -253,20 +290,47 @@ void fp8_rows_to_bf16(const uint8_t* q, const float* scale, int64_t rows, int K,
   launch_fp8_to_bf16<false>(q, scale, rows, K, out, stream);
 }
 
+namespace {
+
+void launch_bf16w_outs(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups,
+                       const Bf16wOut* outs, int n, bool y_f32, cudaStream_t stream) {
+  if (rows == 0) return;
+  if ((rows + kRowsPerBlock - 1) / kRowsPerBlock > 65535) fail("linear_bf16w: {} rows is too many", rows);
+  if (x_f32) {
+    if (y_f32) launch_bf16w<true, true>(x, rows, K, x_row_stride, groups, outs, n, stream);
+    else launch_bf16w<true, false>(x, rows, K, x_row_stride, groups, outs, n, stream);
+  } else {
+    if (y_f32) launch_bf16w<false, true>(x, rows, K, x_row_stride, groups, outs, n, stream);
+    else launch_bf16w<false, false>(x, rows, K, x_row_stride, groups, outs, n, stream);
+  }
+  DSV4_CUDA_CHECK_LAUNCH();
+}
+
+}  // namespace
+
 void linear_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,
                   int N, void* y, bool y_f32, cudaStream_t stream) {
   if (rows < 0 || K <= 0 || N <= 0 || groups <= 0 || N % groups || x_row_stride < int64_t(groups) * K)
     fail("linear_bf16w: {} rows, K {}, N {}, {} groups, row stride {}", rows, K, N, groups, x_row_stride);
-  if (rows == 0) return;
-  if ((rows + kRowsPerBlock - 1) / kRowsPerBlock > 65535) fail("linear_bf16w: {} rows is too many", rows);
-  if (x_f32) {
-    if (y_f32) launch_bf16w<true, true>(x, rows, K, x_row_stride, groups, w, N, y, stream);
-    else launch_bf16w<true, false>(x, rows, K, x_row_stride, groups, w, N, y, stream);
-  } else {
-    if (y_f32) launch_bf16w<false, true>(x, rows, K, x_row_stride, groups, w, N, y, stream);
-    else launch_bf16w<false, false>(x, rows, K, x_row_stride, groups, w, N, y, stream);
+  const Bf16wOut out{w, N, y};
+  launch_bf16w_outs(x, x_f32, rows, K, x_row_stride, groups, &out, 1, y_f32, stream);
+}
+
+void linears_bf16w(const void* x, bool x_f32, int64_t rows, int K, const Bf16wOut* outs, int n_outs, bool y_f32,
+                   cudaStream_t stream) {
+  if (rows < 0 || K <= 0 || n_outs < 1 || n_outs > kMaxBf16wOuts)
+    fail("linears_bf16w: {} rows, K {}, {} weights (1…{})", rows, K, n_outs, kMaxBf16wOuts);
+  bool vectorized = K % 8 == 0 && aligned16(x);
+  for (int p = 0; p < n_outs; ++p) {
+    if (outs[p].N <= 0 || !outs[p].w || !outs[p].y) fail("linears_bf16w: weight {} has N {} or no data", p, outs[p].N);
+    vectorized = vectorized && aligned16(outs[p].w);
   }
-  DSV4_CUDA_CHECK_LAUNCH();
+  if (vectorized || n_outs == 1) {
+    launch_bf16w_outs(x, x_f32, rows, K, K, 1, outs, n_outs, y_f32, stream);
+    return;
+  }
+  // A weight alone would take the element loads or the vector loads by its own alignment.
+  for (int p = 0; p < n_outs; ++p) launch_bf16w_outs(x, x_f32, rows, K, K, 1, outs + p, 1, y_f32, stream);
 }
 
 }  // namespace dsv4::cuda

@@ -48,6 +48,22 @@ void linear_fp8_block_quantised(const uint8_t* act_q, const float* act_scale, in
 void linear_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,
                   int N, void* y, bool y_f32, cudaStream_t stream);
 
+// One bf16 weight [N, K] of a multi-weight launch, and its output [rows, N] (bf16 or f32 as above).
+struct Bf16wOut {
+  const uint16_t* w = nullptr;
+  int N = 0;
+  void* y = nullptr;
+};
+constexpr int kMaxBf16wOuts = 4;
+
+// linear_bf16w (groups 1, x rows dense) for up to kMaxBf16wOuts weights of one input x [rows, K], in
+// one launch. Each output has the bits linear_bf16w gives for its weight alone (a weight's split of
+// K depends on its N and K only). Why: a decode row's compressor projections (the compressor's wkv
+// and wgate, in CSA the indexer compressor's too) are each a few dozen blocks, and one after another
+// they were a chain of four launches on the compressors' branch.
+void linears_bf16w(const void* x, bool x_f32, int64_t rows, int K, const Bf16wOut* outs, int n_outs, bool y_f32,
+                   cudaStream_t stream);
+
 // FP8 block codes → their exact values in bf16 (an e4m3 code times a power-of-two scale is a bf16
 // value), for running an FP8_BLOCK linear as a bf16 GEMM with the same products (linear_gemm.h).
 // Weights: w e4m3 [N, K] with ue8m0 scales [⌈N/128⌉, K/128]; activations: q e4m3 [rows, K] with
