@@ -215,8 +215,8 @@ class Backend {
   virtual void head_rms_norm(Tensor& x, int head_dim, float eps) = 0;                         // unweighted, bf16 math (SPEC §3.11.3)
   virtual void rope(Tensor& x, int head_dim, int rope_dim, const Tensor& positions, const RopeTable& table,
                     bool inverse) = 0;  // last rope_dim of every head; positions I32 [rows]
-  // (rope and head_norm_rope may read positions while the op before them still runs: they must not be
-  // that op's output. The step descriptor's positions are uploaded before the step.)
+  // (rope, head_norm_rope and norm_rope may read positions while the op before them still runs: they
+  // must not be that op's output. The step descriptor's positions are uploaded before the step.)
   virtual void fp8_simulate(Tensor& x, int row_width, int channels) = 0;                      // SPEC §2.5 on [0, channels)
   // x [rows, heads, head_dim] in place, per head: rms_norm with `weight`, rope by positions[row], then
   // with fp8_nope fp8_simulate of the first head_dim − rope_dim channels — the values of those ops run

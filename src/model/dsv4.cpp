@@ -613,7 +613,7 @@ void Dsv4Model::compress(const CompressorWeights& w, const Tensor& a, const Tens
   entries.kind = StepIndexKind::CompressedEntries;
   const std::vector<Tensor> idx = backend_.step_index_sets({at, entries});
   const Tensor &entry_pos = idx[0], &ids = idx[1];  // entry j starts at position ratio·j
-  Tensor u = backend_.to_bf16(pooled);
+  Tensor u = backend_.to_bf16(pooled);  // (between: norm_rope may read entry_pos before the op ahead ends)
   backend_.norm_rope(u, d, w.norm, float(c.norm_eps), c.rope_dim, entry_pos, rope, !w.rotate);
   if (w.rotate) backend_.hadamard_fp4_simulate(u, d);
   backend_.write_entries(u, ids, index_keys ? lp.caches->keys.pool() : lp.caches->kv.pool());
@@ -633,13 +633,16 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   // At decode sizes three pieces of the layer run as a branch beside the query path (Backend::
   // branch_begin; each is a chain of latency-bound kernels), joined where the indexer or attention
   // first reads what they write; `keep` holds the branch's tensors until then:
-  //  - the compressors, which read only x and the step's tables (SPEC §3.4), and in CSA the
-  //    indexer's head weights, which read only x;
+  //  - the compressors, which read only x and the step's tables (SPEC §3.4), and in CSA, first, the
+  //    indexer's head weights, which read only x (behind the compressors they were the branch's
+  //    last launches, and the indexer waited for them);
   //  - the KV row's norm and RoPE, the layer's index tables and the row's cache write, which read
   //    only wkv's output and the tables, beside q's norm, wq_b and q's norm and RoPE. In CSA the KV
   //    row's norm and write wait for the indexer's join and run beside the indexer's top-k instead:
   //    the indexer reads the index tables but not the KV row, and behind the compressors in the branch
   //    the row's kernels held it back by ~7 µs at one token (docs/perf/2026-12-06-attention-cluster.md).
+  //    CSA's index tables are made on the main chain after the indexer query's Hadamard, where it
+  //    waits for the compressors' branch anyway (docs/perf/2026-12-06-kv-row-placement.md).
   const bool beside = T <= kBranchMaxRows;
   std::vector<Tensor> keep;
   // CSA: the indexer's head weights, scaled (SPEC §3.5).
@@ -652,8 +655,8 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   Tensor hw;
   if (beside && block.ratio) {
     backend_.branch_begin();
-    compress_layer(w, block.ratio, x, plan, lp, rope, keep);
     if (block.ratio == 4) hw = head_weights();
+    compress_layer(w, block.ratio, x, plan, lp, rope, keep);
     backend_.branch_end();
   } else if (block.ratio) {
     compress_layer(w, block.ratio, x, plan, lp, rope, keep);
@@ -684,12 +687,15 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   li.count = lp.comp_len;
   kc.kind = StepIndexKind::KeyCounts;
   const bool kv_beside_indexer = beside && block.ratio == 4;
-  if (beside) backend_.branch_begin();
-  if (!kv_beside_indexer) backend_.norm_rope(kv, hd, w.kv_norm, eps, c.rope_dim, positions, rope, true);
-  const std::vector<Tensor> idx = backend_.step_index_sets({ix, ring, block.ratio == 4 ? kc : li});
-  const Tensor &new_entries = idx[0], &ring_slots = idx[1];
-  if (!kv_beside_indexer) backend_.write_entries(kv, new_entries, kv_pool);
-  if (beside) backend_.branch_end();
+  std::vector<Tensor> idx;  // new entries, ring slots, lists (CSA: key counts)
+  const auto index_tables = [&] { idx = backend_.step_index_sets({ix, ring, block.ratio == 4 ? kc : li}); };
+  if (!kv_beside_indexer) {
+    if (beside) backend_.branch_begin();
+    backend_.norm_rope(kv, hd, w.kv_norm, eps, c.rope_dim, positions, rope, true);
+    index_tables();
+    backend_.write_entries(kv, idx[0], kv_pool);
+    if (beside) backend_.branch_end();
+  }
 
   Tensor qr = backend_.rms_norm(qa_kv[0], w.q_norm, eps);
   // With the indexer (CSA), its query projection reads qr too: both in one call.
@@ -706,12 +712,13 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
     Tensor qi = view(qs[1], {T, Hi, id});
     backend_.rope(qi, id, c.rope_dim, positions, rope, false);
     backend_.hadamard_fp4_simulate(qi, id);
+    if (kv_beside_indexer) index_tables();
     if (!beside) hw = head_weights();
     join_branch();
     if (kv_beside_indexer) {
       backend_.branch_begin();
       backend_.norm_rope(kv, hd, w.kv_norm, eps, c.rope_dim, positions, rope, true);
-      backend_.write_entries(kv, new_entries, kv_pool);
+      backend_.write_entries(kv, idx[0], kv_pool);
       backend_.branch_end();
       joined = false;
     }
@@ -735,7 +742,7 @@ Tensor Dsv4Model::attention(const BlockWeights& block, const Tensor& x, const St
   Tensor o = backend_.sparse_attention(q, H, hd, kv_pool, lists, w.sink, scale);
 
   // The ring keeps the last `win` positions of every sequence.
-  backend_.copy_entries(new_entries, ring_slots, kv_pool);
+  backend_.copy_entries(idx[0], idx[1], kv_pool);
 
   backend_.rope(o, hd, c.rope_dim, positions, rope, true);  // de-rotate by the query position
   emit("attn_core", l, o);

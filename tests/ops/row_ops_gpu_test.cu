@@ -319,8 +319,7 @@ TEST(RowOpsRope, MatchesCpu) {
 
 // The fused op against rms_norm, rope and fp8_simulate run one after another on the GPU, each of which
 // the tests above hold to its CPU twin: the same bits.
-void check_norm_rope(int64_t rows, int heads, int head_dim, bool fp8_nope) {
-  const int rope_dim = 64;
+void check_norm_rope(int64_t rows, int heads, int head_dim, bool fp8_nope, int rope_dim = 64) {
   const int64_t n = rows * heads * head_dim;
   const std::vector<uint16_t> x = random_groups(n, head_dim, -30, 20);
   std::normal_distribution<float> wd(1.f, 0.5f);
@@ -359,6 +358,8 @@ TEST(RowOpsNormRope, SameBitsAsTheOpsInSequence) {
     check_norm_rope(rows, 1, 128, false);  // indexer keys (the Hadamard follows)
     check_norm_rope(rows, 1, 128, true);   // a 128-wide KV row
     check_norm_rope(rows, 4, 128, false);  // several heads a row
+    check_norm_rope(rows, 2, 72, false, 16);  // a 64-channel piece of both parts, a piece cut short
+    check_norm_rope(rows, 1, 200, true, 8);   // fp8 blocks, then a piece of four rotated pairs
   }
 }
 

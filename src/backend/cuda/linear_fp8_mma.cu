@@ -123,9 +123,6 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
       if (lo_ok) prefetch_l2(w_lo + int64_t(kb) * 128);
       if (hi_ok) prefetch_l2(w_hi + int64_t(kb) * 128);
     }
-  pdl_wait();
-  pdl_launch_dependents();
-
   const int64_t row0 = int64_t(blockIdx.x) * kBlockRows;
   float total[kTiles][4] = {};
   // Block kb + 1 — weights, activation codes and scales — is loaded while block kb multiplies: the
@@ -133,10 +130,12 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
   // chain cost a round trip per block.
   uint4 next_lo[2], next_hi[2], next_x[kTiles][2];
   float next_sa[kTiles], next_sb[kTiles], next_sw = 0;
-  const auto load_step = [&](int kb) {
+  const auto load_weights = [&](int kb) {
     load_block(w_lo, lo_ok, kb, next_lo);
     load_block(w_hi, hi_ok, kb, next_hi);
     next_sw = e8m0_to_f32_dev(w_run_scale[kb]);
+  };
+  const auto load_acts = [&](int kb) {
 #pragma unroll
     for (int j = 0; j < kTiles; ++j) {
       const int64_t r = row0 + 8 * j + g, ra = row0 + 8 * j + 2 * t;
@@ -145,7 +144,18 @@ __global__ void __launch_bounds__(kWarps * 32, kTiles >= 4 ? 1 : 2)
       next_sb[j] = ra + 1 < rows ? act_scale[(ra + 1) * kbs + kb] : 0.f;
     }
   };
-  if (kb_begin < kb_end) load_step(kb_begin);
+  const auto load_step = [&](int kb) {
+    load_weights(kb);
+    load_acts(kb);
+  };
+  // The first step's weights are loaded before the wait, so they stream while the kernel ahead
+  // finishes (wq_a and wkv behind the hyper-connections' mix, wq_b behind q's norm): on an H100 the
+  // batch-1 step −0.5% (docs/perf/2026-12-06-kv-row-placement.md). Asking L1 for the first 4 or 8
+  // steps' lines as well slowed the kernels beside (q's norm, act_quant): +1–2%.
+  if (kb_begin < kb_end) load_weights(kb_begin);
+  pdl_wait();
+  pdl_launch_dependents();
+  if (kb_begin < kb_end) load_acts(kb_begin);
   for (int kb = kb_begin; kb < kb_end; ++kb) {
     const uint4 lo[2] = {next_lo[0], next_lo[1]}, hi[2] = {next_hi[0], next_hi[1]};
     uint4 x[kTiles][2];

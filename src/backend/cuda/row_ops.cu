@@ -7,6 +7,7 @@
 // are done here in f32 (another order), which is the one documented source of differences.
 #include "backend/cuda/row_ops.h"
 
+#include <climits>
 #include <cmath>
 #include <cstdint>
 
@@ -211,29 +212,40 @@ __global__ void __launch_bounds__(kBlockThreads) rope_kernel(uint16_t* __restric
   }
 }
 
-// norm_rope: a warp per head, lane i the rope pair i (its cos/sin computed by that lane, as
-// rope_kernel's threads do). The normalised head goes through shared memory (the bf16 values the
-// separate ops would write), then RoPE and the fp8 simulation read it there. Each step repeats the
-// arithmetic of its own kernel above — the norm even rms_norm_kernel's summation order (chunk c of 8
-// channels by thread c, warp sums added in warp order) — so the outputs are the bits of rms_norm,
-// rope, fp8_simulate run one after another. (q's per-head norm stays the two ops: with 64 heads a
-// row, a fused kernel recomputing cos/sin per head or sharing them per block measured slower at
-// prefill than head_rms_norm + rope.)
+// norm_rope: a block per head, a warp per 64 channels of it, a lane per channel pair. Each warp sums
+// the head's squares itself, in rms_norm_kernel's order (chunk c of 8 channels by thread c, warp sums
+// added in warp order), so every warp holds the same inverse norm without waiting for another; after
+// a barrier (every warp has read the head before any writes it) a lane writes its pair: rotated (the
+// pairs past head_dim − rope_dim), else the normalised values, fp8-simulated per 64-channel block (the
+// warp's block). Each step repeats the arithmetic of its own kernel above, so the outputs are the bits
+// of rms_norm, rope, fp8_simulate run one after another. A rotated lane's cos/sin (double precision,
+// as rope_kernel) are computed before the programmatic wait, as rope's are: the positions must not be
+// the output of the op just before (row_ops.h). The form before (a warp walking a head's blocks one
+// after another through 8 KB of shared memory, cos/sin after the wait) was placed beside wq_b's
+// resident blocks only as they drained, and the HCA layer's attention waited ~3.4 µs for the KV row;
+// this one is placed at once (docs/perf/2026-12-06-kv-row-placement.md).
+// (q's per-head norm stays the two ops: with 64 heads a row, a fused kernel recomputing cos/sin per
+// head or sharing them per block measured slower at prefill than head_rms_norm + rope.)
 constexpr int kMaxNormRopeDim = 512;
 constexpr int kMaxNormRopePairs = 32;
 
-__global__ void __launch_bounds__(kBlockThreads)
-    norm_rope_kernel(uint16_t* __restrict__ x, int64_t items, int heads, int head_dim,
-                     const uint16_t* __restrict__ weight, float eps, int rope_dim,
-                     const int32_t* __restrict__ positions, const float* __restrict__ inv_freq, bool fp8_nope) {
-  __shared__ uint16_t normed[kWarpsPerBlock][kMaxNormRopeDim];
-  pdl_wait();  // (positions may be the kernel ahead's output: the compressors' entry positions)
+__global__ void __launch_bounds__(kMaxNormRopeDim / 2)
+    norm_rope_kernel(uint16_t* __restrict__ x, int heads, int head_dim, const uint16_t* __restrict__ weight,
+                     float eps, int rope_dim, const int32_t* __restrict__ positions,
+                     const float* __restrict__ inv_freq, bool fp8_nope) {
+  const int64_t item = blockIdx.x;
+  const int lane = threadIdx.x % 32, nope = head_dim - rope_dim;
+  const int c = 2 * int(threadIdx.x);  // this lane's pair: channels c, c + 1 (64 a warp)
+  const bool in_head = c < head_dim, rotated = in_head && c >= nope;
+  float cs = 0.f, sn = 0.f;
+  if (rotated) {
+    // The f32 angle (torch.outer in f32), cos/sin in double rounded to f32, as the CPU (rope_kernel).
+    const double angle = double(__fmul_rn(float(positions[item / heads]), inv_freq[(c - nope) / 2]));
+    cs = float(cos(angle)), sn = float(sin(angle));
+  }
+  pdl_wait();
   pdl_launch_dependents();
-  const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
-  const int64_t item = int64_t(blockIdx.x) * kWarpsPerBlock + warp;
-  if (item >= items) return;  // whole warps leave together
   uint16_t* v = x + item * head_dim;
-  uint16_t* nv = normed[warp];
   const int chunks = head_dim / 8;
   float total = 0;
   for (int c0 = 0; c0 < chunks; c0 += 32) {
@@ -241,30 +253,24 @@ __global__ void __launch_bounds__(kBlockThreads)
     total += warp_sum(ss);
   }
   const float rs = rms_inverse(total, head_dim, eps);
-  for (int c = lane; c < chunks; c += 32)
-    reinterpret_cast<uint4*>(nv)[c] =
-        rms_scale8(reinterpret_cast<const uint4*>(v)[c], reinterpret_cast<const uint4*>(weight)[c], rs);
-  __syncwarp();
-  const int nope = head_dim - rope_dim;
-  if (lane < rope_dim / 2) {
-    // The f32 angle (torch.outer in f32), cos/sin in double rounded to f32, as the CPU (rope_kernel).
-    const double angle = double(__fmul_rn(float(positions[item / heads]), inv_freq[lane]));
-    const float c = float(cos(angle)), s = float(sin(angle));
-    const float a = bf16_value(nv[nope + 2 * lane]), b = bf16_value(nv[nope + 2 * lane + 1]);
-    const float even = __fsub_rn(__fmul_rn(a, c), __fmul_rn(b, s));
-    const float odd = __fadd_rn(__fmul_rn(a, s), __fmul_rn(b, c));
-    *reinterpret_cast<uint32_t*>(v + nope + 2 * lane) = uint32_t(bf16_bits(even)) | uint32_t(bf16_bits(odd)) << 16;
-  }
-  if (fp8_nope) {
-    for (int b0 = 0; b0 < nope; b0 += 64) {
-      const float f0 = bf16_value(nv[b0 + lane]), f1 = bf16_value(nv[b0 + 32 + lane]);
-      const float amax = warp_max(fmaxf(fabsf(f0), fabsf(f1)));
-      const float s = pow2_ceil_dev(__fmul_rn(fmaxf(amax, 1e-4f), 1.0f / 448.0f));  // cpu::fp8_block_scale
-      v[b0 + lane] = fp8_simulated(f0, s);
-      v[b0 + 32 + lane] = fp8_simulated(f1, s);
-    }
-  } else {
-    for (int i = lane; i < nope; i += 32) v[i] = nv[i];
+  const uint32_t xw = in_head ? reinterpret_cast<const uint32_t*>(v)[c / 2] : 0u;
+  const uint32_t ww = in_head ? reinterpret_cast<const uint32_t*>(weight)[c / 2] : 0u;
+  __syncthreads();
+  // rms_scale8's arithmetic on one word: the normalised pair, each rounded to bf16.
+  const float a = bf16_value(bf16_bits(__fmul_rn(__uint_as_float(ww << 16), __fmul_rn(__uint_as_float(xw << 16), rs))));
+  const float b = bf16_value(
+      bf16_bits(__fmul_rn(__uint_as_float(ww & 0xffff0000u), __fmul_rn(__uint_as_float(xw & 0xffff0000u), rs))));
+  uint32_t* out = reinterpret_cast<uint32_t*>(v + c);
+  if (rotated) {
+    const float even = __fsub_rn(__fmul_rn(a, cs), __fmul_rn(b, sn));
+    const float odd = __fadd_rn(__fmul_rn(a, sn), __fmul_rn(b, cs));
+    *out = uint32_t(bf16_bits(even)) | uint32_t(bf16_bits(odd)) << 16;
+  } else if (in_head && fp8_nope) {  // (nope is a multiple of 64: the warp's lanes are one block)
+    const float amax = warp_max(fmaxf(fabsf(a), fabsf(b)));
+    const float s = pow2_ceil_dev(__fmul_rn(fmaxf(amax, 1e-4f), 1.0f / 448.0f));  // cpu::fp8_block_scale
+    *out = uint32_t(fp8_simulated(a, s)) | uint32_t(fp8_simulated(b, s)) << 16;
+  } else if (in_head) {
+    *out = uint32_t(bf16_bits(a)) | uint32_t(bf16_bits(b)) << 16;
   }
 }
 
@@ -480,8 +486,9 @@ void norm_rope(uint16_t* x, int64_t rows, int heads, int head_dim, const uint16_
          fp8_nope ? ", fp8 on the rest" : "");
   if (rows <= 0) return;
   const int64_t items = rows * heads;
-  launch_programmatic(norm_rope_kernel, warp_item_grid(items, "norm_rope"), dim3(kBlockThreads), 0, stream, x, items,
-                      heads, head_dim, weight, eps, rope_dim, positions, inv_freq, fp8_nope);
+  if (items > INT_MAX) fail("norm_rope: {} heads in one launch", items);
+  launch_programmatic(norm_rope_kernel, dim3(unsigned(items)), dim3(32 * ((head_dim + 63) / 64)), 0, stream, x, heads,
+                      head_dim, weight, eps, rope_dim, positions, inv_freq, fp8_nope);
 }
 
 void fp8_simulate(uint16_t* x, int64_t rows, int row_width, int channels, cudaStream_t stream) {

@@ -46,8 +46,11 @@ void head_norm_rope(uint16_t* x, int64_t rows, int heads, int head_dim, float ep
 
 // Backend::norm_rope in place: per head of head_dim (x [rows, heads, head_dim]), rms_norm with
 // `weight`, rope by positions[row], then with fp8_nope fp8_simulate of the first head_dim − rope_dim
-// channels: the bits of those kernels run one after another, in one launch. For the shapes norm_rope_fits accepts (head_dim ≤ 512 and a multiple of 8, rope_dim ≤ 64, x and
-// weight 16-byte aligned, with fp8_nope the rest a multiple of 64); callers run the separate ops otherwise.
+// channels: the bits of those kernels run one after another, in one launch. Like rope, it reads
+// positions before the programmatic wait: they must not be written by the kernel just before it.
+// For the shapes norm_rope_fits accepts (head_dim ≤ 512 and a multiple of 8, rope_dim ≤ 64, x and
+// weight 16-byte aligned, with fp8_nope the rest a multiple of 64); callers run the separate ops
+// otherwise.
 bool norm_rope_fits(int head_dim, int rope_dim, const uint16_t* x, const uint16_t* weight, bool fp8_nope);
 void norm_rope(uint16_t* x, int64_t rows, int heads, int head_dim, const uint16_t* weight, float eps, int rope_dim,
                const int32_t* positions, const float* inv_freq, bool fp8_nope, cudaStream_t stream);
