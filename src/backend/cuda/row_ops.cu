@@ -221,9 +221,10 @@ __global__ void __launch_bounds__(kBlockThreads) rope_kernel(uint16_t* __restric
 // of rms_norm, rope, fp8_simulate run one after another. A rotated lane's cos/sin (double precision,
 // as rope_kernel) are computed before the programmatic wait, as rope's are: the positions must not be
 // the output of the op just before (row_ops.h). The form before (a warp walking a head's blocks one
-// after another through 8 KB of shared memory, cos/sin after the wait) was placed beside wq_b's
-// resident blocks only as they drained, and the HCA layer's attention waited ~3.4 µs for the KV row;
-// this one is placed at once (docs/perf/2026-12-06-kv-row-placement.md).
+// after another through 8 KB of shared memory, cos/sin after the wait) took 6.3–8.5 µs from start to
+// end at one KV row, this one 4.7–5.1; the old one was also placed beside wq_b's resident blocks only
+// as they drained in two of three traced runs, this one in both traced runs at once
+// (docs/perf/2026-12-06-kv-row-placement.md).
 // (q's per-head norm stays the two ops: with 64 heads a row, a fused kernel recomputing cos/sin per
 // head or sharing them per block measured slower at prefill than head_rms_norm + rope.)
 constexpr int kMaxNormRopeDim = 512;
