@@ -247,8 +247,9 @@ void check_hc_pre(int64_t T, int hc, int D, int iters) {
 // size (the slices and their order do not depend on T): decode steps of different batch sizes and
 // prefill chunks give a sequence the same numbers.
 TEST(HyperConnectionPre, RowsDoNotDependOnTheBatch) {
-  // 70 tokens: x_in one block a token, alone several; 2100: a partials block walks 8 token groups.
-  for (const auto& [D, T] : std::vector<std::pair<int, int>>{{4096, 70}, {68, 70}, {128, 2100}}) {
+  // 70 tokens: x_in one block a token, alone several; 2100: a partials block walks 8 token groups, and
+  // the finishing blocks of a prefill chunk (Flash's width, and a width whose last slice is cut short).
+  for (const auto& [D, T] : std::vector<std::pair<int, int>>{{4096, 70}, {68, 70}, {128, 2100}, {4096, 2100}, {68, 2100}}) {
     const int hc = 4;
     const std::vector<uint16_t> X = random_streams(T, hc, D);
     const HcWeights w = random_weights((2 + hc) * hc, hc * D, 3);
@@ -404,6 +405,12 @@ TEST(HyperConnectionPost, MatchesCpuBitExact) {
   }
   check_hc_post(37, 4, 4096, true);
   check_hc_post(5, 2, 256, false);
+  // From 64 rows, 8 channels a thread where D allows (in place too); D = 68 keeps a channel a thread.
+  check_hc_post(64, 4, 4096, false);
+  check_hc_post(70, 4, 4096, true);
+  check_hc_post(64, 2, 256, false);
+  check_hc_post(70, 4, 68, false);
+  check_hc_post(64, 3, 68, true);
 }
 
 // hc_post_pre against hc_post then hc_pre on the GPU (each held to the CPU above): the same state
@@ -539,7 +546,9 @@ TEST(HyperConnectionSanitizer, Small) {
   check_hc_head(3, 4, 128);
   check_hc_post(3, 4, 128, false);
   check_hc_post(2, 4, 128, true);
+  check_hc_post(64, 4, 128, true);  // 8 channels a thread
   check_hc_pre(530, 4, 64, 3);  // a prefill-sized chunk
+  check_hc_pre(2049, 4, 68, 3);  // partials blocks walking 8 token groups, the last one token
   check_hc_post_pre(3, 128, true);
   const std::vector<uint16_t> X = random_streams(3, 4, 256), norm = random_norm(256);
   const HcPreResult normed = gpu_hc_pre(X, 3, 4, 256, random_weights(24, 1024, 3), 20, &norm);  // the fused norm

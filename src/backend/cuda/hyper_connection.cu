@@ -376,7 +376,7 @@ __device__ __forceinline__ Fp8Rows quant_row(const Fp8Rows& quant, int64_t t, in
 // x_in, blocks_per_token per token, from the pre sums and the sum of squares only (kNorm: one block
 // per token, which also applies the norm). For hc_pre the blocks after them: a warp per token for post
 // and the Sinkhorn (the step's one serial stretch, side by side with the x_in blocks).
-template <int HC, int NMix, bool kNorm>
+template <int HC, int NMix, bool kNorm, int kRowChunks = kNormChunks>
 __global__ void __launch_bounds__(kThreads)
     hc_mix_finish_kernel(const uint16_t* __restrict__ X, int64_t T, int D, const float* __restrict__ partials,
                          int slices, const float* __restrict__ base, const float* __restrict__ scale, int iters,
@@ -388,7 +388,7 @@ __global__ void __launch_bounds__(kThreads)
   __shared__ float mix[kWarps][NMix];  // m_j = (v · fn_j) · rs
   __shared__ float pre[kWarps][HC];
   const int64_t x_blocks = T * blocks_per_token;
-  NormedRows<HC> rows;
+  NormedRows<HC, kRowChunks> rows;
   if constexpr (kNorm)
     if (blockIdx.x < x_blocks) rows.load_weight(norm, D);
   pdl_wait();
@@ -551,10 +551,14 @@ __global__ void __launch_bounds__(kFusedThreads)
   }
 }
 
-// A thread per (token, channel d): blocks_per_token blocks of kThreads channels per token, so one
-// decode token still spreads over several SMs. The thread reads X[t, ·, d] and writes out[t, ·, d],
-// nothing else, so out may alias X (hence no __restrict__ on them).
-template <int HC>
+// A thread per (token, kVec channels from d), blocks_per_token blocks of kThreads · kVec channels per
+// token. kVec = 8 from kHcPostWideRows rows where D and the pointers allow 16-byte accesses: a prefill
+// chunk's hc_post then stops issuing a 2-byte load per element (ncu at 8,192 tokens on an H200: 160 µs
+// instead of 252; docs/perf/2026-12-06-prefill-hc.md). Fewer rows keep a channel a thread, so a decode
+// token still spreads over 16 blocks (the wide form at 1 row ended ~1 µs later in the replayed step).
+// The thread reads X[t, ·, d …] and writes out[t, ·, d …], nothing else, so out may alias X (hence no
+// __restrict__ on them). Every element takes the same operations in either width.
+template <int HC, int kVec>
 __global__ void __launch_bounds__(kThreads) hc_post_kernel(const uint16_t* __restrict__ y, const uint16_t* X,
                                                            const float* __restrict__ post,
                                                            const float* __restrict__ comb, int D,
@@ -563,23 +567,47 @@ __global__ void __launch_bounds__(kThreads) hc_post_kernel(const uint16_t* __res
   pdl_wait();
   pdl_launch_dependents();
   const int64_t t = blockIdx.x / blocks_per_token;
-  const int d = (blockIdx.x % blocks_per_token) * kThreads + threadIdx.x;
+  const int d = ((blockIdx.x % blocks_per_token) * kThreads + threadIdx.x) * kVec;
   if (threadIdx.x < HC) p[threadIdx.x] = post[t * HC + threadIdx.x];
   if (threadIdx.x < HC * HC) C[threadIdx.x] = comb[t * HC * HC + threadIdx.x];
   __syncthreads();
   if (d >= D) return;
   const uint16_t* xt = X + t * HC * D;
   uint16_t* ot = out + t * HC * D;
-  float x[HC];
+  float x[HC][kVec], yd[kVec];
+  const auto unpack = [](const uint16_t* src, float (&v)[kVec]) {
+    if constexpr (kVec == 8) {
+      const uint4 raw = *reinterpret_cast<const uint4*>(src);
+      const uint32_t w[4] = {raw.x, raw.y, raw.z, raw.w};
 #pragma unroll
-  for (int a = 0; a < HC; ++a) x[a] = bf16_value(xt[a * D + d]);
-  const float yd = bf16_value(y[t * D + d]);
+      for (int k = 0; k < 4; ++k) v[2 * k] = __uint_as_float(w[k] << 16), v[2 * k + 1] = __uint_as_float(w[k] & 0xffff0000u);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) v[e] = bf16_value(src[e]);
+    }
+  };
+#pragma unroll
+  for (int a = 0; a < HC; ++a) unpack(xt + a * D + d, x[a]);
+  unpack(y + t * D + d, yd);
 #pragma unroll
   for (int b = 0; b < HC; ++b) {
-    float mixed = 0;
+    uint16_t h[kVec];
 #pragma unroll
-    for (int a = 0; a < HC; ++a) mixed = __fadd_rn(mixed, __fmul_rn(C[a * HC + b], x[a]));
-    ot[b * D + d] = bf16_bits(__fadd_rn(__fmul_rn(p[b], yd), mixed));
+    for (int e = 0; e < kVec; ++e) {
+      float mixed = 0;
+#pragma unroll
+      for (int a = 0; a < HC; ++a) mixed = __fadd_rn(mixed, __fmul_rn(C[a * HC + b], x[a][e]));
+      h[e] = bf16_bits(__fadd_rn(__fmul_rn(p[b], yd[e]), mixed));
+    }
+    if constexpr (kVec == 8) {
+      uint32_t w[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) w[k] = uint32_t(h[2 * k]) | uint32_t(h[2 * k + 1]) << 16;
+      *reinterpret_cast<uint4*>(ot + b * D + d) = make_uint4(w[0], w[1], w[2], w[3]);
+    } else {
+#pragma unroll
+      for (int e = 0; e < kVec; ++e) ot[b * D + d + e] = h[e];
+    }
   }
 }
 
@@ -647,19 +675,27 @@ void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const f
   launch_programmatic(partials_kernel, dim3(unsigned(slices), unsigned((T + per_block - 1) / per_block)), dim3(kThreads),
                       0, stream, X, T, HC * D, fn, slices, groups_per_block, partials, source);
   const int64_t blocks = T * blocks_per_token + (NMix > HC ? (T + kWarps - 1) / kWarps : 0);
-  auto finish = norm ? hc_mix_finish_kernel<HC, NMix, true> : hc_mix_finish_kernel<HC, NMix, false>;
+  // As the decode form: at Flash's D the norm's chunks a thread are 2, and the registers half (64, so a
+  // prefill chunk's finishing blocks run four to an SM: 142 µs instead of 196 at 8,192 tokens, H200).
+  const bool narrow = D <= kDecodeNormChunks * 8 * kThreads;
+  auto finish = norm ? (narrow ? hc_mix_finish_kernel<HC, NMix, true, kDecodeNormChunks> : hc_mix_finish_kernel<HC, NMix, true>)
+                     : hc_mix_finish_kernel<HC, NMix, false>;
   launch_programmatic(finish, dim3(unsigned(blocks)), dim3(kThreads), 0, stream, X, T, D,
                       static_cast<const float*>(partials), slices, base, scale, iters, norm_eps, hc_eps,
                       blocks_per_token, norm, out, post, comb, quant);
 }
 
+constexpr int64_t kHcPostWideRows = 64;
+
 template <int HC>
 void launch_hc_post(const uint16_t* y, const uint16_t* X, const float* post, const float* comb, int64_t T, int D,
                     uint16_t* out, cudaStream_t stream) {
-  const int blocks_per_token = (D + kThreads - 1) / kThreads;
+  const auto aligned16 = [](const void* p) { return reinterpret_cast<uintptr_t>(p) % 16 == 0; };
+  const bool vec = T >= kHcPostWideRows && D % 8 == 0 && aligned16(y) && aligned16(X) && aligned16(out);
+  const int per_block = kThreads * (vec ? 8 : 1), blocks_per_token = (D + per_block - 1) / per_block;
   if (T * blocks_per_token > 0x7fffffff) fail("hc_post: {} tokens of {} exceed the grid", T, D);
-  launch_programmatic(hc_post_kernel<HC>, dim3(unsigned(T * blocks_per_token)), dim3(kThreads), 0, stream, y, X,
-                      post, comb, D, blocks_per_token, out);
+  launch_programmatic(vec ? hc_post_kernel<HC, 8> : hc_post_kernel<HC, 1>, dim3(unsigned(T * blocks_per_token)),
+                      dim3(kThreads), 0, stream, y, X, post, comb, D, blocks_per_token, out);
 }
 
 }  // namespace
