@@ -80,7 +80,10 @@ __device__ __forceinline__ void token_comb(const float* m, const float* base, co
 // A token's arithmetic depends only on its own channels and the fixed slices, never on T or on the
 // token's place in a tile: a row's result is the same alone and in any batch.
 constexpr int kSliceChunks = 64;  // 256 channels: 2 float4 chunks per lane
-constexpr int kTileTokens = 4;    // tokens per warp (4 × 24 accumulators per lane)
+// Tokens per warp. Each one's 24 sums sit in the lane's registers, and each fn vector loaded from L1
+// serves them all: 4 tokens held 215 registers (one block an SM, 592 µs at 8,192 tokens on an H100),
+// 2 hold 125 (two blocks, 452 µs); the L1 loads of fn bound both (docs/perf/2026-12-07-prefill-partials.md).
+constexpr int kTileTokens = 2;
 constexpr int kFinishChannels = kThreads * 4;  // x_in channels per finishing block
 constexpr int kMaxNormWidth = 8192;            // D of a finishing block that also applies the norm
 
@@ -612,9 +615,9 @@ __global__ void __launch_bounds__(kThreads) hc_post_kernel(const uint16_t* __res
 }
 
 // Token groups (kWarps × kTileTokens tokens) a partials block walks, one after another: a prefill
-// chunk's blocks then live long enough for their slice of fn to pay its way into L1 (one resident
-// block per SM at ~200 registers); a decode step's few tokens keep a group a block.
-int hc_groups_per_block(int64_t T) { return T >= 2048 ? 8 : 1; }
+// chunk's blocks then live long enough (256 tokens) for their slice of fn to pay its way into L1; a
+// decode step's few tokens keep a group a block.
+int hc_groups_per_block(int64_t T) { return T >= 2048 ? 16 : 1; }
 
 int hc_slices(int hc, int D) { return (hc * D / 4 + kSliceChunks - 1) / kSliceChunks; }
 // Finishing blocks per token: a decode step's few tokens spread x_in over several SMs; a prefill
