@@ -247,7 +247,7 @@ void check_hc_pre(int64_t T, int hc, int D, int iters) {
 // size (the slices and their order do not depend on T): decode steps of different batch sizes and
 // prefill chunks give a sequence the same numbers.
 TEST(HyperConnectionPre, RowsDoNotDependOnTheBatch) {
-  // 70 tokens: x_in one block a token, alone several; 2100: a partials block walks 8 token groups, and
+  // 70 tokens: x_in one block a token, alone several; 2100: a partials block walks 16 token groups, and
   // the finishing blocks of a prefill chunk (Flash's width, and a width whose last slice is cut short).
   for (const auto& [D, T] : std::vector<std::pair<int, int>>{{4096, 70}, {68, 70}, {128, 2100}, {4096, 2100}, {68, 2100}}) {
     const int hc = 4;
