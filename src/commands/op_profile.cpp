@@ -67,6 +67,13 @@ FlashProjection project_flash(const std::map<int, double>& region_ms, const Mode
   return f;
 }
 
+double flash_step_bytes(const OpProfile& p, const ModelConfig& c) {
+  std::map<int, double> bytes;
+  for (const auto& [region, t] : p.regions) bytes[region] = t.cost.weights + t.cost.cache;
+  const FlashProjection f = project_flash(bytes, c);  // the schedule's sum, of bytes instead of ms
+  return f.valid ? f.op_sum_ms() : 0;
+}
+
 namespace {
 // The op call that made each item (null for none): op calls cover disjoint item ranges.
 class OpOfItem {

@@ -45,6 +45,11 @@ struct FlashProjection {
 FlashProjection project_flash(const OpProfile& p, const ModelConfig& c);
 // The same from any per-region times (ms).
 FlashProjection project_flash(const std::map<int, double>& region_ms, const ModelConfig& c);
+// The bytes (weights + cache) of that step: each kind's mean measured layer times its count, plus the
+// embedding and head as measured; 0 unless every kind was measured. Over a projected step time, the
+// whole model's share of the copy bandwidth, which the measured few layers overstate: their head is a
+// larger part of their bytes, and it streams near the copy bandwidth.
+double flash_step_bytes(const OpProfile& p, const ModelConfig& c);
 
 // A traced replay of the recorded step (Backend::trace_replays) seen by op: each item's share of
 // the replayed step is how far it moved the step's end — items in order of their ends, each

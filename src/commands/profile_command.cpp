@@ -258,6 +258,8 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
   const double ratio = replayed ? replay_ms / ops.step_ms : eager_ms / ops.step_ms;
   const FlashProjection flash = project_flash(ops, c);
   const double flash_ms = flash.op_sum_ms() * ratio;
+  const double flash_bytes = flash_step_bytes(ops, c);
+  const auto flash_copy_fraction = [&](double ms) { return flash_bytes / (ms / 1e3) / 1e9 / copy_gbs; };
 
   if (a.json) {
     nlohmann::json j = {{"model", a.model}, {"backend", ranks.backend_name()}, {"tensor_parallel_size", ranks.world()},
@@ -280,17 +282,20 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
     if (const FlashProjection r = replay.traced ? project_flash(replay, c) : FlashProjection{}; r.valid)
       j["flash_projection_replayed"] = {{"swa_ms", r.swa_ms}, {"csa_ms", r.csa_ms}, {"hca_ms", r.hca_ms}, {"embed_ms", r.embed_ms},
                                         {"head_ms", r.head_ms}, {"step_ms", r.op_sum_ms()},
-                                        {"tokens_per_s", a.batch / (r.op_sum_ms() / 1e3)}};
+                                        {"tokens_per_s", a.batch / (r.op_sum_ms() / 1e3)},
+                                        {"copy_fraction", flash_copy_fraction(r.op_sum_ms())}};
     if (const FlashProjection o = replay.traced ? project_flash_overlapped(split_regions(ops, replay, c), copy_gbs, c)
                                                 : FlashProjection{};
         o.valid)
       j["flash_projection_overlapped"] = {{"swa_ms", o.swa_ms}, {"csa_ms", o.csa_ms}, {"hca_ms", o.hca_ms},
                                           {"embed_ms", o.embed_ms}, {"head_ms", o.head_ms}, {"step_ms", o.op_sum_ms()},
-                                          {"tokens_per_s", a.batch / (o.op_sum_ms() / 1e3)}};
+                                          {"tokens_per_s", a.batch / (o.op_sum_ms() / 1e3)},
+                                          {"copy_fraction", flash_copy_fraction(o.op_sum_ms())}};
     if (flash.valid)
       j["flash_projection"] = {{"swa_ms", flash.swa_ms}, {"csa_ms", flash.csa_ms}, {"hca_ms", flash.hca_ms},
                                {"embed_ms", flash.embed_ms}, {"head_ms", flash.head_ms}, {"op_sum_ms", flash.op_sum_ms()},
-                               {"step_ms", flash_ms}, {"tokens_per_s", a.batch / (flash_ms / 1e3)}};
+                               {"step_ms", flash_ms}, {"tokens_per_s", a.batch / (flash_ms / 1e3)},
+                               {"step_bytes", flash_bytes}, {"copy_fraction", flash_copy_fraction(flash_ms)}};
     fmt::print("{}\n", j.dump(2));
     return;
   }
@@ -335,25 +340,33 @@ void profile_decode(const ProfileArgs& a, Ranks& ranks, double copy_gbs) {
   }
   if (flash.valid) {
     fmt::print("### projected: DeepSeek-V4-Flash's 43 layers on one GPU (as if it fit)\n\n");
+    fmt::print("bytes a step: {} SWA, {} CSA and {} HCA layers of the means measured here, embed and head = {:.2f} GB "
+               "(weights + cache); each step time below gives its share of the copy bandwidth ({:.0f} GB/s, this run)\n\n",
+               FlashProjection::kSwa, FlashProjection::kCsa, FlashProjection::kHca, flash_bytes / 1e9, copy_gbs);
+    const auto at_copy = [&](double ms) { return fmt::format("{:.1f}% of copy", 100 * flash_copy_fraction(ms)); };
     fmt::print("op sum = {} SWA × {:.1f} µs + {} CSA × {:.1f} µs + {} HCA × {:.1f} µs + embed {:.1f} µs + head {:.1f} µs = {:.3f} ms;\n",
                FlashProjection::kSwa, flash.swa_ms * 1e3, FlashProjection::kCsa, flash.csa_ms * 1e3, FlashProjection::kHca,
                flash.hca_ms * 1e3, flash.embed_ms * 1e3, flash.head_ms * 1e3, flash.op_sum_ms());
-    fmt::print("× {:.2f} ({} step / op sum, this run) = {:.3f} ms per step → {:.0f} tok/s at batch {} ({:.1f} tok/s per sequence)\n",
-               ratio, replayed ? "replayed" : "eager", flash_ms, a.batch / (flash_ms / 1e3), a.batch, 1e3 / flash_ms);
+    fmt::print("× {:.2f} ({} step / op sum, this run) = {:.3f} ms per step ({}) → {:.0f} tok/s at batch {} ({:.1f} tok/s "
+               "per sequence)\n",
+               ratio, replayed ? "replayed" : "eager", flash_ms, at_copy(flash_ms), a.batch / (flash_ms / 1e3), a.batch,
+               1e3 / flash_ms);
     const FlashProjection r = replay.traced ? project_flash(replay, c) : FlashProjection{};
     if (r.valid)
       fmt::print("\nfrom the traced replay's layer shares: {} SWA × {:.1f} µs + {} CSA × {:.1f} µs + {} HCA × {:.1f} µs + "
-                 "embed {:.1f} µs + head {:.1f} µs = {:.3f} ms per step → {:.0f} tok/s at batch {}\n",
+                 "embed {:.1f} µs + head {:.1f} µs = {:.3f} ms per step ({}) → {:.0f} tok/s at batch {}\n",
                  FlashProjection::kSwa, r.swa_ms * 1e3, FlashProjection::kCsa, r.csa_ms * 1e3, FlashProjection::kHca,
-                 r.hca_ms * 1e3, r.embed_ms * 1e3, r.head_ms * 1e3, r.op_sum_ms(), a.batch / (r.op_sum_ms() / 1e3), a.batch);
+                 r.hca_ms * 1e3, r.embed_ms * 1e3, r.head_ms * 1e3, r.op_sum_ms(), at_copy(r.op_sum_ms()),
+                 a.batch / (r.op_sum_ms() / 1e3), a.batch);
     const FlashProjection o =
         replay.traced ? project_flash_overlapped(split_regions(ops, replay, c), copy_gbs, c) : FlashProjection{};
     if (o.valid)
       fmt::print("\nif each layer read its weights during its stretches (the layer table's overlapped column: the bound of "
                  "a resident layer): {} SWA × {:.1f} µs + {} CSA × {:.1f} µs + {} HCA × {:.1f} µs + embed {:.1f} µs + "
-                 "head {:.1f} µs = {:.3f} ms per step → {:.0f} tok/s at batch {}\n",
+                 "head {:.1f} µs = {:.3f} ms per step ({}) → {:.0f} tok/s at batch {}\n",
                  FlashProjection::kSwa, o.swa_ms * 1e3, FlashProjection::kCsa, o.csa_ms * 1e3, FlashProjection::kHca,
-                 o.hca_ms * 1e3, o.embed_ms * 1e3, o.head_ms * 1e3, o.op_sum_ms(), a.batch / (o.op_sum_ms() / 1e3), a.batch);
+                 o.hca_ms * 1e3, o.embed_ms * 1e3, o.head_ms * 1e3, o.op_sum_ms(), at_copy(o.op_sum_ms()),
+                 a.batch / (o.op_sum_ms() / 1e3), a.batch);
   }
 }
 

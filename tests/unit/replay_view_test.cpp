@@ -64,6 +64,26 @@ TEST(ReplayView, ProjectsTheFlashStepFromLayerShares) {
   EXPECT_NEAR(f.op_sum_ms(), (2 * 155.0 + 21 * 200.0 + 20 * 170.0 + 2 + 250) / 1e3, 1e-12);
 }
 
+// The bytes of that step: each kind's mean layer (weights + cache) times its count, embed and head once.
+TEST(ReplayView, FlashStepBytesFollowTheSchedule) {
+  ModelConfig c;
+  c.n_layers = 4;
+  c.compress_ratios = {0, 0, 4, 128};
+  OpProfile p;
+  const auto total = [](double weights, double cache) {
+    OpTotal t;
+    t.cost.weights = weights;
+    t.cost.cache = cache;
+    t.cost.activations = 1e9;  // not counted
+    return t;
+  };
+  p.regions = {{-1, total(1e3, 0)}, {0, total(240e6, 1e6)}, {1, total(250e6, 1e6)}, {2, total(270e6, 2e6)},
+               {3, total(250e6, 3e6)}, {4, total(1000e6, 0)}};
+  EXPECT_NEAR(flash_step_bytes(p, c), 2 * 246e6 + 21 * 272e6 + 20 * 253e6 + 1e3 + 1000e6, 1);
+  p.regions.erase(3);  // no HCA layer measured: no projection
+  EXPECT_EQ(flash_step_bytes(p, c), 0);
+}
+
 // --trace: the replay as Chrome trace events, overlapping items on separate rows, each with its op.
 TEST(ReplayView, ChromeTraceHasEveryItemWithItsOp) {
   const Example x;

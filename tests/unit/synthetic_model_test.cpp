@@ -58,11 +58,12 @@ TEST(SyntheticModel, ProfileReportsTheStepByOpAndLayer) {
   for (const char* row : {"eager step", "host: plan", "sum of the op times", "bytes per step", "copy bandwidth", "tokens/s",
                           "### ops", "| linears attn.wq_a + attn.wkv | SWA |", "| linear attn.wq_b | SWA |",
                           "| sparse_attention | CSA |", "| indexer_topk | CSA |", "| compressor_update | HCA |", "| moe_experts (shared + routed) | HCA |", "| logits (head) | head |",
-                          "### layers", "| 0 | SWA |", "| 4 | HCA |", "### projected", "2 SWA ×", "21 CSA ×", "20 HCA ×"})
+                          "### layers", "| 0 | SWA |", "| 4 | HCA |", "### projected", "bytes a step:", "% of copy) →",
+                          "2 SWA ×", "21 CSA ×", "20 HCA ×"})
     EXPECT_NE(r.out.find(row), std::string::npos) << row << "\n" << r.out;
   CommandResult j = run_dsv4("profile --model synthetic:tiny --backend cpu --steps 1 --context 10 --json");
   ASSERT_EQ(j.rc, 0) << j.out;
-  for (const char* key : {"\"eager_step_ms\"", "\"op_sum_ms\"", "\"ops\"", "\"regions\"", "\"flash_projection\""})
+  for (const char* key : {"\"eager_step_ms\"", "\"op_sum_ms\"", "\"ops\"", "\"regions\"", "\"flash_projection\"", "\"copy_fraction\""})
     EXPECT_NE(j.out.find(key), std::string::npos) << key << "\n" << j.out;
   CommandResult p = run_dsv4("profile --model synthetic:tiny --backend cpu --prefill 200 --steps 1");
   ASSERT_EQ(p.rc, 0) << p.out;
