@@ -81,8 +81,9 @@ __device__ __forceinline__ void token_comb(const float* m, const float* base, co
 // token's place in a tile: a row's result is the same alone and in any batch.
 constexpr int kSliceChunks = 64;  // 256 channels: 2 float4 chunks per lane
 // Tokens per warp. Each one's 24 sums sit in the lane's registers, and each fn vector loaded from L1
-// serves them all: 4 tokens held 215 registers (one block an SM, 592 µs at 8,192 tokens on an H100),
-// 2 hold 125 (two blocks, 452 µs); the L1 loads of fn bound both (docs/perf/2026-12-07-prefill-partials.md).
+// serves them all: 4 tokens held 215 registers (one block an SM, too few warps to hide the loads: 592 µs
+// at 8,192 tokens on an H100), 2 hold 125 (two blocks, 452 µs; their L1 loads of fn, twice the FMAs'
+// issue slots, bound it now: docs/perf/2026-12-07-prefill-partials.md).
 constexpr int kTileTokens = 2;
 constexpr int kFinishChannels = kThreads * 4;  // x_in channels per finishing block
 constexpr int kMaxNormWidth = 8192;            // D of a finishing block that also applies the norm
