@@ -243,7 +243,8 @@ class Backend {
   // makes them; a backend may run them in one launch). A layer's compressor projections.
   virtual std::vector<Tensor> linears_f32(const Tensor& x, const std::vector<std::pair<const uint16_t*, int>>& ws,
                                           int in);
-  virtual Tensor grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) = 0;  // [T,H·d] → [T,groups·rank]
+  // [T,H·d] → [T,groups·rank]; wo_a BF16 or FP8_BLOCK, its FP8 values taken as the exact bf16 ones.
+  virtual Tensor grouped_out_proj(const Tensor& o, const LinearWeight& wo_a, int groups, int rank) = 0;
 
   // Hyper-connections (SPEC §3.2, §3.8). With `norm` (bf16 [D]; may be null) hc_pre and hc_head return
   // rms_norm(x, norm, norm_eps) of their result x — the values of the two ops in sequence (the norm

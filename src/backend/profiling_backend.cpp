@@ -228,9 +228,10 @@ Tensor ProfilingBackend::linear_f32(const Tensor& x, const uint16_t* w, int out,
                weights_and(2.0 * out * in, bytes(x), 2 * rows(x) * out * in),
                [&] { return inner_->linear_f32(x, w, out, in); });
 }
-Tensor ProfilingBackend::grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) {
+Tensor ProfilingBackend::grouped_out_proj(const Tensor& o, const LinearWeight& wo_a, int groups, int rank) {
   const double in = o.rows() ? double(o.numel() / o.rows()) : 0;
-  return timed("grouped_out_proj", weights_and(2.0 * rank * in, bytes(o), 2 * rows(o) * rank * in), [&] { return inner_->grouped_out_proj(o, wo_a, groups, rank); });
+  return timed("grouped_out_proj", weights_and(linear_weight_bytes(wo_a), bytes(o), 2 * rows(o) * rank * in),
+               [&] { return inner_->grouped_out_proj(o, wo_a, groups, rank); });
 }
 
 // With a norm: its weight (bf16 [D]) counts among the weights.

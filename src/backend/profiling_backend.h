@@ -114,7 +114,7 @@ class ProfilingBackend final : public Backend {
                                   int in) override;
   Tensor linear_bf16(const Tensor& x, const uint16_t* w, int out, int in) override;
   Tensor linear_f32(const Tensor& x, const uint16_t* w, int out, int in) override;
-  Tensor grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) override;
+  Tensor grouped_out_proj(const Tensor& o, const LinearWeight& wo_a, int groups, int rank) override;
 
   Tensor hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mult, int iters, float norm_eps, float hc_eps,
                 Tensor* post, Tensor* comb, const uint16_t* norm) override;

@@ -43,8 +43,10 @@ struct AttentionWeights {
   // otherwise): wq_b, sink and wo_a hold exactly these, wo_b the matching input columns.
   int n_heads = 0, o_groups = 0;
   LinearWeight wq_a, wq_b, wkv, wo_b;
-  const uint16_t* wo_a = nullptr;  // bf16 [o_groups·o_lora, H·d/o_groups] (the reference runs it in bf16)
-  std::shared_ptr<std::vector<uint16_t>> wo_a_host;  // the load-time bf16 conversion wo_a first points into
+  // [o_groups·o_lora, H·d/o_groups], as the checkpoint stores it (FP8_BLOCK in the official ones): the
+  // reference converts it to bf16 at load and runs a bf16 einsum; Backend::grouped_out_proj uses
+  // those bf16 values (e4m3 × a power-of-two scale is exact in bf16) without storing them.
+  LinearWeight wo_a;
   const uint16_t* q_norm = nullptr;
   const uint16_t* kv_norm = nullptr;
   const float* sink = nullptr;  // [H]

@@ -16,6 +16,7 @@
 #include <string>
 #include <vector>
 
+#include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/cuda_utils.h"
 #include "backend/cuda/linear.h"
 #include "backend/cuda/linear_gemm.h"
@@ -99,6 +100,7 @@ struct Row {
   double kernel_us;
   std::optional<double> gemm_us;  // none: cuBLASLt has no plan for the shape on this GPU
   std::optional<double> native_fp8_us;  // cuBLASLt's block-scaled FP8 (outside the f32 bound: not run by the engine)
+  std::optional<double> tiled_us;  // FP8: linear_fp8w_mma on the quantised activations' bf16 values
   double bytes, flops;
 };
 
@@ -183,6 +185,19 @@ void bench_shape(const Shape& sh, double copy_gbs, std::vector<Row>& rows) {
             [&](int r, cudaStream_t s) { gemm.bf16(acts[r].x.get(), M, K, K, 1, w16(r), N, acts[r].y.get(), true, s); },
             rotations);
     }
+    if (sh.fp8 && cuda::linear_fp8w_mma_available(M, K, K, 1, N, acts[0].xb.get(), weights[0].w.get())) {
+      std::vector<DeviceBuffer<float>> ws(rotations);
+      for (auto& b : ws) b = DeviceBuffer<float>(std::max<size_t>(cuda::linear_fp8w_mma_workspace(M, K, N) / 4, 1));
+      row.tiled_us = time_us(
+          [&](int r, cudaStream_t s) {
+            Activations& a = acts[r];
+            cuda::act_quant_fp8(a.x.get(), M, K, a.q.get(), a.s.get(), s);
+            cuda::fp8_rows_to_bf16(a.q.get(), a.s.get(), M, K, a.xb.get(), s);
+            cuda::linear_fp8w_mma(a.xb.get(), M, K, K, 1, w_of(r).w.get(), w_of(r).scale.get(), N, a.y.get(),
+                                  ws[r].get(), s);
+          },
+          rotations);
+    }
     row.bytes = double(w_bytes + s_bytes) + double(M) * K * 2 + double(M) * N * (sh.fp8 ? 2 : 4);
     row.flops = 2.0 * M * double(N) * K;
     rows.push_back(row);
@@ -191,6 +206,93 @@ void bench_shape(const Shape& sh, double copy_gbs, std::vector<Row>& rows) {
                row.kernel_us, row.gemm_us ? fmt::format("{:.1f} µs", *row.gemm_us) : std::string("n/a"),
                row.bytes / (best * 1e-6) / 1e9, 100.0 * row.bytes / (best * 1e-6) / 1e9 / copy_gbs);
   }
+}
+
+// wo_a [8 groups × 1024, 4096] (each group reads its 4096 channels of the 32768-wide attention
+// output) on every path grouped_out_proj has: the weight stored as bf16 (the kernel below 16 rows,
+// cuBLASLt from 16: the engine's path before FP8 storage), and stored as the checkpoint's FP8 — the
+// CUDA-core kernel (linear_fp8w), the tensor-core kernel (linear_fp8w_mma), and a bf16 copy made per
+// call for cuBLASLt (fp8_weight_to_bf16 + the bf16 GEMM).
+struct WoaRow {
+  int M;
+  double bf16_kernel = 0, bf16_gemm = 0, fp8_kernel = 0, fp8_mma = 0, fp8_via_bf16 = 0;
+};
+
+void bench_wo_a(double copy_gbs) {
+  if (!bench_selected("DSV4_LINEAR_BENCH_SHAPES", "wo_a")) return;
+  constexpr int groups = 8, rank = 1024, K = 4096, N = groups * rank;
+  const size_t n = size_t(N) * K, nb = size_t(N / 128) * (K / 128);
+  const int copies8 = int(std::ceil(kRotationBytes / double(n))), copies16 = int(std::ceil(kRotationBytes / double(2 * n)));
+  std::vector<Weights> w8(copies8), w16(copies16);
+  for (int c = 0; c < copies8; ++c) {
+    w8[c].w = DeviceBuffer<uint8_t>(n);
+    w8[c].scale = DeviceBuffer<uint8_t>(nb);
+    fill_e4m3<<<4096, 256>>>(w8[c].w.get(), n, 2 * c + 1);
+    fill_ue8m0<<<256, 256>>>(w8[c].scale.get(), nb, 2 * c + 2);
+  }
+  for (int c = 0; c < copies16; ++c) {
+    w16[c].w = DeviceBuffer<uint8_t>(2 * n);
+    fill_bf16<<<4096, 256>>>(reinterpret_cast<uint16_t*>(w16[c].w.get()), n, 500 + c, 0.05f);
+  }
+  DSV4_CUDA_CHECK_LAUNCH();
+  cuda::LinearGemm gemm;
+  DeviceBuffer<uint16_t> w_bf16(n);  // the per-call copy
+  std::vector<WoaRow> out;
+  for (int M : kRows) {
+    if (!bench_selected("DSV4_LINEAR_BENCH_ROWS", std::to_string(M))) continue;
+    const int rotations = std::max(copies8, 2);
+    std::vector<DeviceBuffer<uint16_t>> x(rotations), y(rotations);
+    std::vector<DeviceBuffer<float>> ws(rotations);
+    for (int r = 0; r < rotations; ++r) {
+      x[r] = DeviceBuffer<uint16_t>(size_t(M) * groups * K);
+      y[r] = DeviceBuffer<uint16_t>(size_t(M) * N);
+      ws[r] = DeviceBuffer<float>(std::max<size_t>(cuda::linear_fp8w_mma_workspace(M, K, N) / 4, 1));
+      fill_bf16<<<1024, 256>>>(x[r].get(), x[r].size(), 2000 + r, 1.f);
+    }
+    DSV4_CUDA_CHECK_LAUNCH();
+    DSV4_CUDA_CHECK(cudaDeviceSynchronize());
+    const auto b16 = [&](int r) { return reinterpret_cast<const uint16_t*>(w16[r % copies16].w.get()); };
+    WoaRow row{M};
+    if (M <= 64)
+      row.bf16_kernel = time_us([&](int r, cudaStream_t s) {
+        cuda::linear_bf16w(x[r].get(), false, M, K, int64_t(groups) * K, groups, b16(r), N, y[r].get(), false, s);
+      }, rotations);
+    if (gemm.bf16_available(M, K, int64_t(groups) * K, groups, N, false)) {
+      row.bf16_gemm = time_us([&](int r, cudaStream_t s) {
+        gemm.bf16(x[r].get(), M, K, int64_t(groups) * K, groups, b16(r), N, y[r].get(), false, s);
+      }, rotations);
+      row.fp8_via_bf16 = time_us([&](int r, cudaStream_t s) {
+        cuda::fp8_weight_to_bf16(w8[r % copies8].w.get(), w8[r % copies8].scale.get(), N, K, w_bf16.get(), s);
+        gemm.bf16(x[r].get(), M, K, int64_t(groups) * K, groups, w_bf16.get(), N, y[r].get(), false, s);
+      }, rotations);
+    }
+    if (M <= 64)
+      row.fp8_kernel = time_us([&](int r, cudaStream_t s) {
+        cuda::linear_fp8w(x[r].get(), M, K, int64_t(groups) * K, groups, w8[r % copies8].w.get(),
+                          w8[r % copies8].scale.get(), N, y[r].get(), s);
+      }, rotations);
+    row.fp8_mma = time_us([&](int r, cudaStream_t s) {
+      cuda::linear_fp8w_mma(x[r].get(), M, K, int64_t(groups) * K, groups, w8[r % copies8].w.get(),
+                            w8[r % copies8].scale.get(), N, y[r].get(), ws[r].get(), s);
+    }, rotations);
+    fmt::print(stderr, "  wo_a M {}: bf16 kernel {:.1f}, bf16 cuBLASLt {:.1f}, fp8 kernel {:.1f}, fp8 mma {:.1f}, fp8 via bf16 {:.1f} µs\n",
+               M, row.bf16_kernel, row.bf16_gemm, row.fp8_kernel, row.fp8_mma, row.fp8_via_bf16);
+    out.push_back(row);
+  }
+  const auto cell = [](double us) { return us > 0 ? fmt::format("{:.1f}", us) : std::string("-"); };
+  Table table({"M", "bf16 weight: kernel µs", "bf16 weight: cuBLASLt µs", "FP8: CUDA-core kernel µs", "FP8: tensor-core kernel µs",
+               "FP8: bf16 copy + cuBLASLt µs", "best FP8 % of copy (FP8 bytes)", "best FP8 / engine's bf16 path"});
+  for (const WoaRow& r : out) {
+    double best8 = r.fp8_mma;
+    for (double v : {r.fp8_kernel, r.fp8_via_bf16})
+      if (v > 0) best8 = std::min(best8, v);
+    const double bf16_path = r.M < cuda::kBf16GemmMinRows || r.bf16_gemm <= 0 ? r.bf16_kernel : r.bf16_gemm;
+    const double bytes = double(n + nb) + double(r.M) * groups * K * 2 + double(r.M) * N * 2;
+    table.add({fmt::format("{}", r.M), cell(r.bf16_kernel), cell(r.bf16_gemm), cell(r.fp8_kernel), cell(r.fp8_mma),
+               cell(r.fp8_via_bf16), fmt::format("{:.1f}%", 100.0 * bytes / (best8 * 1e-6) / 1e9 / copy_gbs),
+               bf16_path > 0 ? fmt::format("{:.2f}×", best8 / bf16_path) : "-"});
+  }
+  table.print(fmt::format("wo_a [{} groups × {}, {}] by storage and path — copy bandwidth {:.0f} GB/s", groups, rank, K, copy_gbs));
 }
 
 }  // namespace
@@ -209,20 +311,24 @@ void bench_linear() {
   std::vector<Row> rows;
   for (const Shape& sh : kShapes) bench_shape(sh, copy_gbs, rows);
 
-  Table table({"shape", "M", "kernel µs", "cuBLASLt µs", "kernel / cuBLASLt", "faster", "GB/s", "% copy BW",
-               "TFLOP/s", "native FP8 µs (not used)"});
+  Table table({"shape", "M", "kernel µs", "cuBLASLt µs", "kernel / cuBLASLt", "FP8: tiled kernel µs", "fastest", "GB/s",
+               "% copy BW", "TFLOP/s", "native FP8 µs (not used)"});
   for (const Row& r : rows) {
     const bool gemm_faster = r.gemm_us && *r.gemm_us < r.kernel_us;
-    const double best = gemm_faster ? *r.gemm_us : r.kernel_us;
+    double best = gemm_faster ? *r.gemm_us : r.kernel_us;
+    const bool tiled_faster = r.tiled_us && *r.tiled_us < best;
+    if (tiled_faster) best = *r.tiled_us;
     const double gbs = r.bytes / (best * 1e-6) / 1e9;
     table.add({r.shape, fmt::format("{}", r.M), fmt::format("{:.1f}", r.kernel_us),
                r.gemm_us ? fmt::format("{:.1f}", *r.gemm_us) : "n/a",
                r.gemm_us ? fmt::format("{:.2f}×", r.kernel_us / *r.gemm_us) : "n/a",
-               gemm_faster ? "cuBLASLt" : "kernel", fmt::format("{:.0f}", gbs),
+               r.tiled_us ? fmt::format("{:.1f}", *r.tiled_us) : "-",
+               tiled_faster ? "tiled" : gemm_faster ? "cuBLASLt" : "kernel", fmt::format("{:.0f}", gbs),
                fmt::format("{:.1f}%", 100.0 * gbs / copy_gbs), fmt::format("{:.1f}", r.flops / (best * 1e-6) / 1e12),
                r.native_fp8_us ? fmt::format("{:.1f}", *r.native_fp8_us) : "-"});
   }
   table.print(fmt::format("Dense linears, kernel vs cuBLASLt — copy bandwidth {:.0f} GB/s", copy_gbs));
+  bench_wo_a(copy_gbs);
 
   // Where cuBLASLt wins from on (this M and every larger one timed): what linear_gemm.h's row
   // thresholds should be.

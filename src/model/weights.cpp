@@ -124,7 +124,7 @@ struct Span {
 // views into the source; a column slice is copied (the binder keeps the copy). Scale tensors are
 // sliced with their weights, so a slice must cover whole scale blocks (parallel_layout_problem).
 // Placed: in backend memory; Prepared: the views for Backend::prepare_experts (routed experts);
-// HostRead: host views, converted first (wo_a). A slice is made by the source in backend memory
+// HostRead: host views. A slice is made by the source in backend memory
 // where it can (a generator: TensorSource::find_window), else cut on the host from the whole
 // tensor; a whole tensor a generator made in backend memory is used where it is.
 LinearWeight bind_linear(TensorBinder& b, const std::string& prefix, int out, int in, WeightFormat format,
@@ -206,22 +206,6 @@ CompressorWeights bind_compressor(TensorBinder& b, const std::string& p, const M
   return w;
 }
 
-// The reference converts wo_a to bf16 at load (e4m3 × power-of-two scale is exact in bf16).
-std::vector<uint16_t> wo_a_to_bf16(const LinearWeight& l) {
-  std::vector<uint16_t> out(size_t(l.out) * size_t(l.in));
-  if (l.format == WeightFormat::BF16) {
-    std::memcpy(out.data(), l.w, out.size() * 2);
-    return out;
-  }
-  const int sb_in = int(ceil_div(l.in, 128));
-  for (int r = 0; r < l.out; ++r)
-    for (int k = 0; k < l.in; ++k) {
-      float s = e8m0_to_f32(l.scale[size_t(r / 128) * size_t(sb_in) + size_t(k / 128)]);
-      out[size_t(r) * size_t(l.in) + size_t(k)] = f32_to_bf16(e4m3_to_f32(l.w[size_t(r) * size_t(l.in) + size_t(k)]) * s);
-    }
-  return out;
-}
-
 BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig& c, int layer, bool is_mtp,
                         const ParallelLayout& layout) {
   BlockWeights blk;
@@ -250,10 +234,8 @@ BlockWeights bind_block(TensorBinder& b, const std::string& p, const ModelConfig
   a.wq_b = bind_linear(b, p + ".attn.wq_b", H * hd, c.q_lora_rank, lf, TensorUse::Placed, {rank * a.n_heads * hd, a.n_heads * hd});
   a.wkv = bind_linear(b, p + ".attn.wkv", hd, D, lf);
   a.kv_norm = b.bf16(p + ".attn.kv_norm.weight", {hd});
-  a.wo_a_host = std::make_shared<std::vector<uint16_t>>(wo_a_to_bf16(bind_linear(
-      b, p + ".attn.wo_a", c.o_groups * c.o_lora_rank, H * hd / c.o_groups, lf, TensorUse::HostRead,
-      {rank * group_rows, group_rows})));
-  a.wo_a = static_cast<const uint16_t*>(b.place(a.wo_a_host->data(), a.wo_a_host->size() * 2));
+  a.wo_a = bind_linear(b, p + ".attn.wo_a", c.o_groups * c.o_lora_rank, H * hd / c.o_groups, lf, TensorUse::Placed,
+                       {rank * group_rows, group_rows});
   a.wo_b = bind_linear(b, p + ".attn.wo_b", D, c.o_groups * c.o_lora_rank, lf, TensorUse::Placed, {}, {rank * group_rows, group_rows});
   if (blk.ratio) a.compressor = bind_compressor(b, p + ".attn.compressor", c, blk.ratio, hd, false);
   if (blk.ratio == 4) {

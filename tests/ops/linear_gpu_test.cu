@@ -39,6 +39,7 @@
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
+#include "backend/cuda/act_quant_fp8.h"
 #include "backend/cuda/cuda_backend.h"
 #include "backend/cuda/cuda_utils.h"
 #include "backend/cuda/linear.h"
@@ -123,8 +124,10 @@ std::vector<float> bf16_to_f32_vec(const uint16_t* p, size_t n) {
   return v;
 }
 
-enum class Path { Kernel, CublasLt };
-const char* path_name(Path p) { return p == Path::Kernel ? "kernel" : "cuBLASLt"; }
+// Kernel: linear.h's kernels; CublasLt: linear_gemm.h; Tiled (FP8 only): linear_fp8w_mma on the
+// quantised activations' bf16 values, as CudaBackend runs FP8 linears from kFp8TiledMinRows.
+enum class Path { Kernel, CublasLt, Tiled };
+const char* path_name(Path p) { return p == Path::Kernel ? "kernel" : p == Path::CublasLt ? "cuBLASLt" : "tiled"; }
 
 // The rows the CPU reference is computed for (it and the bound cost per_row = N·K multiply-adds a
 // row): all of them within a budget, else 16–64 rows — the first and last 4 (the FP8 GEMM's padding
@@ -211,8 +214,9 @@ void check_fp8(int64_t rows, int N, int K, Path path = Path::Kernel) {
   DeviceBuffer<uint8_t> d_w(w.size()), d_ws(w_scale.size()), d_q(size_t(buf_rows) * K);
   DeviceBuffer<float> d_s(size_t(buf_rows) * kb);
   // The cuBLASLt path's bf16 operands (scratch, poisoned too).
-  DeviceBuffer<uint16_t> d_xb(path == Path::CublasLt ? x.size() : 0), d_wb(path == Path::CublasLt ? w.size() : 0);
-  if (path == Path::CublasLt) d_xb.fill_bytes(0xff, stream.get()), d_wb.fill_bytes(0xff, stream.get());
+  DeviceBuffer<uint16_t> d_xb(path != Path::Kernel ? x.size() : 0), d_wb(path == Path::CublasLt ? w.size() : 0);
+  if (path != Path::Kernel) d_xb.fill_bytes(0xff, stream.get());
+  if (path == Path::CublasLt) d_wb.fill_bytes(0xff, stream.get());
   d_x.upload(x, stream.get());
   d_w.upload(w, stream.get());
   d_ws.upload(w_scale, stream.get());
@@ -224,6 +228,14 @@ void check_fp8(int64_t rows, int N, int K, Path path = Path::Kernel) {
     ASSERT_TRUE(gemm.fp8_via_bf16_available(rows, K, N)) << "no cuBLASLt plan for [" << N << " × " << K << "] at " << rows;
     gemm.fp8_via_bf16(d_x.get(), rows, K, d_w.get(), d_ws.get(), N, d_q.get(), d_s.get(), d_xb.get(), d_wb.get(),
                       d_y.get(), stream.get());
+    stream.sync();
+  } else if (path == Path::Tiled) {
+    ASSERT_TRUE(linear_fp8w_mma_available(rows, K, K, 1, N, d_xb.get(), d_w.get())) << "[" << N << " × " << K << "]";
+    DeviceBuffer<float> ws(std::max<size_t>(linear_fp8w_mma_workspace(rows, K, N) / 4, 1));
+    ws.fill_bytes(0xff, stream.get());
+    act_quant_fp8(d_x.get(), int(rows), K, d_q.get(), d_s.get(), stream.get());
+    fp8_rows_to_bf16(d_q.get(), d_s.get(), rows, K, d_xb.get(), stream.get());
+    linear_fp8w_mma(d_xb.get(), rows, K, K, 1, d_w.get(), d_ws.get(), N, d_y.get(), ws.get(), stream.get());
     stream.sync();
   } else {
     linear_fp8_block(d_x.get(), rows, K, d_w.get(), d_ws.get(), N, d_q.get(), d_s.get(), d_y.get(), stream.get());
@@ -285,7 +297,12 @@ void check_bf16w(Bf16Op op, int64_t rows, int N, int K, int groups = 1, Path pat
     case Bf16Op::LinearBf16: yt = cpu.linear_bf16(xt, w.data(), N, K); break;
     case Bf16Op::LinearF32FromBf16:
     case Bf16Op::LinearF32FromF32: yt = cpu.linear_f32(xt, w.data(), N, K); break;
-    case Bf16Op::GroupedOutProj: yt = cpu.grouped_out_proj(xt, w.data(), groups, N / groups); break;
+    case Bf16Op::GroupedOutProj: {
+      LinearWeight lw;
+      lw.format = WeightFormat::BF16, lw.out = N, lw.in = K, lw.w = reinterpret_cast<const uint8_t*>(w.data());
+      yt = cpu.grouped_out_proj(xt, lw, groups, N / groups);
+      break;
+    }
   }
   std::vector<double> bound(size_t(nref) * size_t(N));
   const int cols_per_group = N / groups;
@@ -358,6 +375,20 @@ TEST(LinearFp8Block, EveryTileCount) {
   for (int64_t rows : {16, 64}) check_fp8(rows, 1000, 512);
   for (int64_t rows : {16, 32, 64}) check_fp8(rows, 32768, 1024);
   for (int64_t rows : {16, 64}) check_fp8(rows, 4096, 8192);
+}
+
+// The tiled tensor-core kernel on FP8 linears (linear_fp8w_mma on the activations' bf16 values):
+// Flash's shapes at the rows CudaBackend gives it and past them (partly filled 64-row tiles, several
+// row tiles, runs of K: wq_b one run, wo_b eight), and the fixtures' (one 128-column tile).
+TEST(LinearFp8BlockTiled, FlashAndFixtureShapes) {
+  const int flash[][2] = {{1024, 4096}, {32768, 1024}, {512, 4096}, {4096, 8192}, {2048, 4096}, {4096, 2048}, {8192, 1024}};
+  for (auto [N, K] : flash)
+    for (int64_t rows : {16, 33, 64, 100}) check_fp8(rows, N, K, Path::Tiled);
+  for (int64_t rows : {1, 32, 300}) {
+    check_fp8(rows, 128, 128, Path::Tiled);
+    check_fp8(rows, 2048, 128, Path::Tiled);
+    check_fp8(rows, 256, 1024, Path::Tiled);
+  }
 }
 
 // A row's result does not depend on the rows computed beside it (the engine batches sequences
@@ -548,6 +579,120 @@ TEST(LinearBf16w, ElementLoadsWhenUnaligned) {
   }
 }
 
+// ---------------------------------------------------------------------------------------------
+// wo_a as the checkpoint stores it (FP8_BLOCK), run on its exact bf16 values.
+
+// Random e4m3 codes of both signs (no NaN code) and ue8m0 scales, and the bf16 values they stand for.
+struct Fp8Weight {
+  std::vector<uint8_t> codes, scales;
+  std::vector<uint16_t> bf16;
+};
+Fp8Weight random_fp8_weight(int N, int K) {
+  Fp8Weight w;
+  const int scale_cols = (K + 127) / 128;
+  w.codes.resize(size_t(N) * K);
+  w.scales.resize(size_t((N + 127) / 128) * scale_cols);
+  std::uniform_int_distribution<int> code(0, 253), sbyte(118, 134);
+  for (auto& b : w.codes) {
+    const int c = code(rng());
+    b = uint8_t(c >= 0x7f ? c + 1 : c);  // skips 0x7f; 0xff is past the range
+  }
+  for (auto& b : w.scales) b = uint8_t(sbyte(rng()));
+  w.bf16.resize(w.codes.size());
+  for (int n = 0; n < N; ++n)
+    for (int k = 0; k < K; ++k)
+      w.bf16[size_t(n) * K + k] =
+          f32_to_bf16(e4m3_to_f32(w.codes[size_t(n) * K + k]) * e8m0_to_f32(w.scales[size_t(n / 128) * scale_cols + k / 128]));
+  return w;
+}
+
+// linear_fp8w against linear_bf16w on the weight's bf16 values: the same bits, outputs poisoned first.
+void check_fp8w_bits(int64_t rows, int groups, int rank, int K) {
+  const int N = groups * rank;
+  const Fp8Weight w = random_fp8_weight(N, K);
+  const std::vector<uint16_t> x = random_bf16(rows, groups * K);
+  Stream stream;
+  DeviceBuffer<uint16_t> d_x(x.size()), d_wb(w.bf16.size()), d_y8(size_t(rows) * N), d_yb(size_t(rows) * N);
+  DeviceBuffer<uint8_t> d_w(w.codes.size()), d_ws(w.scales.size());
+  d_x.upload(x, stream.get());
+  d_wb.upload(w.bf16, stream.get());
+  d_w.upload(w.codes, stream.get());
+  d_ws.upload(w.scales, stream.get());
+  d_y8.fill_bytes(0xff, stream.get());
+  d_yb.fill_bytes(0xff, stream.get());
+  ASSERT_TRUE(linear_fp8w_available(d_x.get(), K, int64_t(groups) * K, d_w.get()));
+  linear_fp8w(d_x.get(), rows, K, int64_t(groups) * K, groups, d_w.get(), d_ws.get(), N, d_y8.get(), stream.get());
+  linear_bf16w(d_x.get(), false, rows, K, int64_t(groups) * K, groups, d_wb.get(), N, d_yb.get(), false, stream.get());
+  const std::vector<uint16_t> y8 = d_y8.download(stream.get()), yb = d_yb.download(stream.get());
+  size_t differ = 0;
+  for (size_t i = 0; i < y8.size(); ++i) differ += y8[i] != yb[i];
+  EXPECT_EQ(differ, 0u) << "FP8 wo_a [" << N << " × " << K << "], " << groups << " groups, " << rows
+                        << " rows: outputs differing from the bf16 weight's";
+}
+
+// CudaBackend::grouped_out_proj with an FP8 wo_a (whichever path the rows take) against the CPU op
+// on the same codes, within the bf16 bound of check_bf16w.
+void check_fp8w_backend(int64_t rows, int groups, int rank, int K) {
+  const int N = groups * rank, x_cols = groups * K;
+  const Fp8Weight w = random_fp8_weight(N, K);
+  const std::vector<uint16_t> x = random_bf16(rows, x_cols);
+  CudaBackend be;
+  LinearWeight lw;
+  lw.name = "test.wo_a";
+  lw.format = WeightFormat::FP8_BLOCK, lw.out = N, lw.in = K;
+  lw.w = static_cast<const uint8_t*>(be.place_weight(w.codes.data(), w.codes.size()));
+  lw.scale = static_cast<const uint8_t*>(be.place_weight(w.scales.data(), w.scales.size()));
+  Tensor xt = be.from_host(DType::BF16, {rows, x_cols}, x.data());
+  Tensor yt = be.grouped_out_proj(xt, lw, groups, rank);
+  ASSERT_EQ(yt.shape, (std::vector<int64_t>{rows, N}));
+  std::vector<uint16_t> y(size_t(rows) * N);
+  be.to_host(yt, y.data());
+
+  const std::vector<int64_t> ref = reference_rows(rows, int64_t(N) * K);
+  const int64_t nref = int64_t(ref.size());
+  const std::vector<uint16_t> xb_ref = gather(x, x_cols, ref);
+  CpuBackend cpu;
+  LinearWeight host = lw;
+  host.w = w.codes.data(), host.scale = w.scales.data();
+  Tensor want = cpu.grouped_out_proj(cpu.from_host(DType::BF16, {nref, x_cols}, xb_ref.data()), host, groups, rank);
+  std::vector<double> bound(size_t(nref) * N);
+  parallel_for(nref, [&](int64_t i0, int64_t i1) {
+    for (int64_t i = i0; i < i1; ++i)
+      for (int j = 0; j < N; ++j) {
+        const uint16_t* xr = xb_ref.data() + size_t(i) * x_cols + size_t(j / rank) * K;
+        double sum = 0;
+        for (int k = 0; k < K; ++k) sum += std::fabs(double(bf16_to_f32(xr[k])) * bf16_to_f32(w.bf16[size_t(j) * K + k]));
+        bound[size_t(i) * N + j] = (K / 32 + 8) * kU * sum;
+      }
+  });
+  char what[128];
+  std::snprintf(what, sizeof what, "grouped_out_proj fp8 %lld × [%d × %d] %d groups%s", (long long)rows, N, K, groups,
+                nref < rows ? " (sampled rows)" : "");
+  expect_agreement(what,
+                   compare(bf16_to_f32_vec(gather(y, N, ref).data(), size_t(nref) * N),
+                           bf16_to_f32_vec(want.ptr<uint16_t>(), size_t(nref) * N), bound, true),
+                   true);
+}
+
+TEST(GroupedOutProjFp8, SameBitsAsTheBf16Weight) {
+  for (int64_t rows : {1, 2, 3, 8, 9, 15, 16, 70}) {
+    check_fp8w_bits(rows, 8, 1024, 4096);  // DeepSeek-V4-Flash
+    check_fp8w_bits(rows, 2, 128, 1024);   // the fixtures
+  }
+  for (int64_t rows : {1, 5, 70}) {
+    check_fp8w_bits(rows, 3, 50, 200);   // ragged: partial scale blocks both ways, inactive warps
+    check_fp8w_bits(rows, 2, 64, 2048);  // a narrow one: K split over several warps per column
+  }
+}
+
+TEST(GroupedOutProjFp8, BackendAgainstTheCpu) {
+  for (int64_t rows : {1, 7, 15, 16, 33, 64, 130}) {
+    check_fp8w_backend(rows, 8, 1024, 4096);
+    check_fp8w_backend(rows, 2, 128, 1024);
+  }
+  check_fp8w_backend(300, 2, 128, 1024);
+}
+
 TEST(LinearSanitizer, Small) {
   check_fp8(5, 200, 256);
   check_fp8(9, 20, 1024);  // split K
@@ -556,6 +701,9 @@ TEST(LinearSanitizer, Small) {
   check_bf16w(Bf16Op::LinearBf16, 9, 24, 128);
   check_bf16w(Bf16Op::LinearF32FromF32, 3, 16, 40);
   check_bf16w(Bf16Op::GroupedOutProj, 2, 2 * 8, 64, 2);
+  check_fp8w_bits(3, 3, 50, 200);
+  check_fp8w_backend(20, 2, 128, 256);
+  check_fp8(70, 256, 512, Path::Tiled);  // two row tiles, two runs of K
 }
 
 // ---------------------------------------------------------------------------------------------

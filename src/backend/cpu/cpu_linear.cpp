@@ -165,19 +165,30 @@ Tensor CpuBackend::linear_f32(const Tensor& x, const uint16_t* w, int out_dim, i
   return out;
 }
 
-Tensor CpuBackend::grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) {
-  // z[t, g, r] = bf(Σ_d o[t, g, d] · wo_a[g, r, d]); the reference's bf16 einsum (SPEC §3.3).
+Tensor CpuBackend::grouped_out_proj(const Tensor& o, const LinearWeight& wo_a, int groups, int rank) {
+  // z[t, g, r] = bf(Σ_d o[t, g, d] · wo_a[g, r, d]); the reference's bf16 einsum (SPEC §3.3) over the
+  // weight's bf16 values (an FP8 code times its power-of-two scale is one, exactly).
   const int64_t rows = o.rows();
   const int64_t gd = o.numel() / rows / groups;
+  DSV4_CHECK(wo_a.out == groups * rank && wo_a.in == gd && (wo_a.format == WeightFormat::BF16 || wo_a.format == WeightFormat::FP8_BLOCK),
+             "grouped_out_proj: {} weight [{}, {}] for {} groups of {} × {}", weight_format_name(wo_a.format), wo_a.out,
+             wo_a.in, groups, rank, gd);
   Tensor out = alloc(DType::BF16, {rows, int64_t(groups) * rank});
+  const int64_t scale_cols = (gd + 127) / 128;
   parallel_for(int64_t(groups) * rank, [&](int64_t j0, int64_t j1) {
+    std::vector<float> wr(static_cast<size_t>(gd));
     for (int64_t j = j0; j < j1; ++j) {
       const int64_t g = j / rank;
-      const uint16_t* wr = wo_a + j * gd;
+      for (int64_t d = 0; d < gd; ++d) {
+        const size_t at = size_t(j * gd + d);
+        wr[size_t(d)] = wo_a.format == WeightFormat::BF16
+                            ? bf16_to_f32(reinterpret_cast<const uint16_t*>(wo_a.w)[at])
+                            : e4m3_to_f32(wo_a.w[at]) * e8m0_to_f32(wo_a.scale[size_t(j / 128 * scale_cols + d / 128)]);
+      }
       for (int64_t t = 0; t < rows; ++t) {
         const uint16_t* orow = o.ptr<uint16_t>() + (t * groups + g) * gd;
         double acc = 0;
-        for (int64_t d = 0; d < gd; ++d) acc += double(bf16_to_f32(orow[d])) * bf16_to_f32(wr[d]);
+        for (int64_t d = 0; d < gd; ++d) acc += double(bf16_to_f32(orow[d])) * wr[size_t(d)];
         out.ptr<uint16_t>()[t * groups * rank + j] = f32_to_bf16(float(acc));
       }
     }

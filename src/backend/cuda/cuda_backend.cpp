@@ -470,17 +470,29 @@ void CudaBackend::fp8_linears_quantised(const Tensor& q, const Tensor& s, const 
   const int K = ws.at(0)->in;
   DSV4_CHECK(q.numel() == rows * K && s.numel() == rows * (K / 128) && out.size() == ws.size(),
              "fp8 linears: {} codes, {} scales for {} rows of {}", q.numel(), s.numel(), rows, K);
-  Tensor xb;  // the exact bf16 values of the quantised x, made once for the weights that run as GEMMs
+  Tensor xb;  // the exact bf16 values of the quantised x, made once for the weights that take them
+  const auto x_values = [&] {
+    if (!xb.data) {
+      xb = alloc(DType::BF16, {rows, K});
+      fp8_rows_to_bf16(q.ptr<uint8_t>(), s.ptr<float>(), rows, K, xb.ptr<uint16_t>(), stream());
+    }
+    return xb.ptr<uint16_t>();
+  };
   std::vector<Fp8LinearOut> kernel_outs;
   for (size_t i = 0; i < ws.size(); ++i) {
     const LinearWeight& w = *ws[i];
-    if (gemm_ && linear_path_uses_gemm(linear_mode_, rows, fp8_gemm_min_rows(w.out, w.in)) &&
-        gemm_->fp8_via_bf16_available(rows, w.in, w.out, f32)) {
+    const bool gemm = gemm_ && linear_path_uses_gemm(linear_mode_, rows, fp8_gemm_min_rows(w.out, w.in)) &&
+                      gemm_->fp8_via_bf16_available(rows, w.in, w.out, f32);
+    if (!gemm && linear_mode_ == LinearPathMode::Auto && rows >= kFp8TiledMinRows &&
+        linear_fp8w_mma_available(rows, K, K, 1, w.out, nullptr /* xb: a fresh allocation */, w.w)) {
+      // The tensor-core kernel on the activations' exact bf16 values (linear.h linear_fp8w_mma).
+      const size_t ws_bytes = linear_fp8w_mma_workspace(rows, K, w.out);
+      Tensor scratch = ws_bytes ? alloc(DType::F32, {int64_t(ws_bytes / 4)}) : Tensor{};
+      linear_fp8w_mma(x_values(), rows, K, K, 1, w.w, w.scale, w.out, out[i].data, ws_bytes ? scratch.ptr<float>() : nullptr,
+                      stream(), f32);
+    } else if (gemm) {
       // Both operands as their exact bf16 values, one bf16 GEMM (linear_gemm.h).
-      if (!xb.data) {
-        xb = alloc(DType::BF16, {rows, K});
-        fp8_rows_to_bf16(q.ptr<uint8_t>(), s.ptr<float>(), rows, K, xb.ptr<uint16_t>(), stream());
-      }
+      x_values();
       Tensor wb = alloc(DType::BF16, {w.out, w.in});
       gemm_->fp8_weight_via_bf16(xb.ptr<uint16_t>(), rows, K, w.w, w.scale, w.out, wb.ptr<uint16_t>(), out[i].data,
                                  stream(), f32);
@@ -547,11 +559,44 @@ std::vector<Tensor> CudaBackend::linears_f32(const Tensor& x, const std::vector<
   return out;
 }
 
-Tensor CudaBackend::grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) {
+Tensor CudaBackend::grouped_out_proj(const Tensor& o, const LinearWeight& wo_a, int groups, int rank) {
   const int64_t rows = o.rows();
   const int64_t gd = o.numel() / std::max<int64_t>(rows, 1) / groups;
+  const bool fp8 = wo_a.format == WeightFormat::FP8_BLOCK;
+  DSV4_CHECK(wo_a.out == groups * rank && (!rows || wo_a.in == gd) && (fp8 || wo_a.format == WeightFormat::BF16),
+             "grouped_out_proj: {} weight [{}, {}] for {} groups of {} × {}", weight_format_name(wo_a.format), wo_a.out,
+             wo_a.in, groups, rank, gd);
   Tensor out = alloc(DType::BF16, {rows, int64_t(groups) * rank});
-  dense_bf16w(o.data, false, rows, int(gd), int64_t(groups) * gd, groups, wo_a, groups * rank, out.data, false);
+  if (!rows) return out;
+  const int K = wo_a.in, N = wo_a.out;
+  const int64_t stride = int64_t(groups) * K;
+  if (!fp8) {
+    dense_bf16w(o.data, false, rows, K, stride, groups, reinterpret_cast<const uint16_t*>(wo_a.w), N, out.data, false);
+    return out;
+  }
+  // FP8 (the checkpoint's codes, never a stored bf16 copy): the CUDA-core kernel at decode rows, with
+  // the bits the bf16 weight gives there; the tensor-core kernel from kFp8wMmaMinRows; from
+  // kFp8wGemmMinRows (prefill chunks) the weight's bf16 values made for the call and cuBLASLt.
+  const auto* x = o.ptr<uint16_t>();
+  uint16_t* y = out.ptr<uint16_t>();
+  const bool gemm = gemm_ && linear_path_uses_gemm(linear_mode_, rows, kFp8wGemmMinRows) && K % 128 == 0 &&
+                    gemm_->bf16_available(rows, K, stride, groups, N, false) && LinearGemm::bf16_aligned(x, wo_a.w, y);
+  const bool kernel_only = linear_mode_ == LinearPathMode::Kernel;
+  if (!gemm && (kernel_only || rows < kFp8wMmaMinRows) && linear_fp8w_available(x, K, stride, wo_a.w)) {
+    linear_fp8w(x, rows, K, stride, groups, wo_a.w, wo_a.scale, N, y, stream());
+    return out;
+  }
+  if (!gemm && linear_fp8w_mma_available(rows, K, stride, groups, N, x, wo_a.w)) {
+    const size_t ws_bytes = linear_fp8w_mma_workspace(rows, K, N);
+    Tensor ws = ws_bytes ? alloc(DType::F32, {int64_t(ws_bytes / 4)}) : Tensor{};
+    linear_fp8w_mma(x, rows, K, stride, groups, wo_a.w, wo_a.scale, N, y, ws_bytes ? ws.ptr<float>() : nullptr, stream());
+    return out;
+  }
+  DSV4_CHECK(K % 128 == 0, "grouped_out_proj: an FP8 wo_a [{}, {}] at {} rows has no path here (the bf16 conversion "
+             "takes widths that are multiples of 128)", N, K, rows);
+  Tensor w = alloc(DType::BF16, {N, K});
+  fp8_weight_to_bf16(wo_a.w, wo_a.scale, N, K, w.ptr<uint16_t>(), stream());
+  dense_bf16w(o.data, false, rows, K, stride, groups, w.ptr<uint16_t>(), N, out.data, false);
   return out;
 }
 

@@ -118,7 +118,7 @@ class CudaBackend final : public Backend {
   Tensor linear_f32(const Tensor& x, const uint16_t* w, int out, int in) override;
   std::vector<Tensor> linears_f32(const Tensor& x, const std::vector<std::pair<const uint16_t*, int>>& ws,
                                   int in) override;
-  Tensor grouped_out_proj(const Tensor& o, const uint16_t* wo_a, int groups, int rank) override;
+  Tensor grouped_out_proj(const Tensor& o, const LinearWeight& wo_a, int groups, int rank) override;
 
   Tensor hc_pre(const Tensor& X, const HyperConnection& hc, int hc_mult, int iters, float norm_eps, float hc_eps,
                 Tensor* post, Tensor* comb, const uint16_t* norm) override;
