@@ -211,11 +211,11 @@ void bench_shape(const Shape& sh, double copy_gbs, std::vector<Row>& rows) {
 // wo_a [8 groups × 1024, 4096] (each group reads its 4096 channels of the 32768-wide attention
 // output) on every path grouped_out_proj has: the weight stored as bf16 (the kernel below 16 rows,
 // cuBLASLt from 16: the engine's path before FP8 storage), and stored as the checkpoint's FP8 — the
-// CUDA-core kernel (linear_fp8w), the tensor-core kernel (linear_fp8w_mma), and a bf16 copy made per
-// call for cuBLASLt (fp8_weight_to_bf16 + the bf16 GEMM).
+// tensor-core kernel (linear_fp8w_mma) and a bf16 copy made per call for cuBLASLt (fp8_weight_to_bf16
+// + the bf16 GEMM).
 struct WoaRow {
   int M;
-  double bf16_kernel = 0, bf16_gemm = 0, fp8_kernel = 0, fp8_mma = 0, fp8_via_bf16 = 0;
+  double bf16_kernel = 0, bf16_gemm = 0, fp8_mma = 0, fp8_via_bf16 = 0;
 };
 
 void bench_wo_a(double copy_gbs) {
@@ -266,30 +266,22 @@ void bench_wo_a(double copy_gbs) {
         gemm.bf16(x[r].get(), M, K, int64_t(groups) * K, groups, w_bf16.get(), N, y[r].get(), false, s);
       }, rotations);
     }
-    if (M <= 64)
-      row.fp8_kernel = time_us([&](int r, cudaStream_t s) {
-        cuda::linear_fp8w(x[r].get(), M, K, int64_t(groups) * K, groups, w8[r % copies8].w.get(),
-                          w8[r % copies8].scale.get(), N, y[r].get(), s);
-      }, rotations);
     row.fp8_mma = time_us([&](int r, cudaStream_t s) {
       cuda::linear_fp8w_mma(x[r].get(), M, K, int64_t(groups) * K, groups, w8[r % copies8].w.get(),
                             w8[r % copies8].scale.get(), N, y[r].get(), ws[r].get(), s);
     }, rotations);
-    fmt::print(stderr, "  wo_a M {}: bf16 kernel {:.1f}, bf16 cuBLASLt {:.1f}, fp8 kernel {:.1f}, fp8 mma {:.1f}, fp8 via bf16 {:.1f} µs\n",
-               M, row.bf16_kernel, row.bf16_gemm, row.fp8_kernel, row.fp8_mma, row.fp8_via_bf16);
+    fmt::print(stderr, "  wo_a M {}: bf16 kernel {:.1f}, bf16 cuBLASLt {:.1f}, fp8 mma {:.1f}, fp8 via bf16 {:.1f} µs\n", M,
+               row.bf16_kernel, row.bf16_gemm, row.fp8_mma, row.fp8_via_bf16);
     out.push_back(row);
   }
   const auto cell = [](double us) { return us > 0 ? fmt::format("{:.1f}", us) : std::string("-"); };
-  Table table({"M", "bf16 weight: kernel µs", "bf16 weight: cuBLASLt µs", "FP8: CUDA-core kernel µs", "FP8: tensor-core kernel µs",
+  Table table({"M", "bf16 weight: kernel µs", "bf16 weight: cuBLASLt µs", "FP8: tensor-core kernel µs",
                "FP8: bf16 copy + cuBLASLt µs", "best FP8 % of copy (FP8 bytes)", "best FP8 / engine's bf16 path"});
   for (const WoaRow& r : out) {
-    double best8 = r.fp8_mma;
-    for (double v : {r.fp8_kernel, r.fp8_via_bf16})
-      if (v > 0) best8 = std::min(best8, v);
+    const double best8 = r.fp8_via_bf16 > 0 ? std::min(r.fp8_mma, r.fp8_via_bf16) : r.fp8_mma;
     const double bf16_path = r.M < cuda::kBf16GemmMinRows || r.bf16_gemm <= 0 ? r.bf16_kernel : r.bf16_gemm;
     const double bytes = double(n + nb) + double(r.M) * groups * K * 2 + double(r.M) * N * 2;
-    table.add({fmt::format("{}", r.M), cell(r.bf16_kernel), cell(r.bf16_gemm), cell(r.fp8_kernel), cell(r.fp8_mma),
-               cell(r.fp8_via_bf16), fmt::format("{:.1f}%", 100.0 * bytes / (best8 * 1e-6) / 1e9 / copy_gbs),
+    table.add({fmt::format("{}", r.M), cell(r.bf16_kernel), cell(r.bf16_gemm), cell(r.fp8_mma), cell(r.fp8_via_bf16), fmt::format("{:.1f}%", 100.0 * bytes / (best8 * 1e-6) / 1e9 / copy_gbs),
                bf16_path > 0 ? fmt::format("{:.2f}×", best8 / bf16_path) : "-"});
   }
   table.print(fmt::format("wo_a [{} groups × {}, {}] by storage and path — copy bandwidth {:.0f} GB/s", groups, rank, K, copy_gbs));

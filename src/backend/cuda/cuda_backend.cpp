@@ -481,10 +481,11 @@ void CudaBackend::fp8_linears_quantised(const Tensor& q, const Tensor& s, const 
   std::vector<Fp8LinearOut> kernel_outs;
   for (size_t i = 0; i < ws.size(); ++i) {
     const LinearWeight& w = *ws[i];
-    const bool gemm = gemm_ && linear_path_uses_gemm(linear_mode_, rows, fp8_gemm_min_rows(w.out, w.in)) &&
+    const bool tiled = linear_mode_ == LinearPathMode::Auto && rows >= kFp8TiledMinRows && rows < kFp8TiledMaxRows &&
+                       linear_fp8w_mma_available(rows, K, K, 1, w.out, nullptr /* xb: a fresh allocation */, w.w);
+    const bool gemm = !tiled && gemm_ && linear_path_uses_gemm(linear_mode_, rows, fp8_gemm_min_rows(w.out, w.in)) &&
                       gemm_->fp8_via_bf16_available(rows, w.in, w.out, f32);
-    if (!gemm && linear_mode_ == LinearPathMode::Auto && rows >= kFp8TiledMinRows &&
-        linear_fp8w_mma_available(rows, K, K, 1, w.out, nullptr /* xb: a fresh allocation */, w.w)) {
+    if (tiled) {
       // The tensor-core kernel on the activations' exact bf16 values (linear.h linear_fp8w_mma).
       const size_t ws_bytes = linear_fp8w_mma_workspace(rows, K, w.out);
       Tensor scratch = ws_bytes ? alloc(DType::F32, {int64_t(ws_bytes / 4)}) : Tensor{};
@@ -574,18 +575,12 @@ Tensor CudaBackend::grouped_out_proj(const Tensor& o, const LinearWeight& wo_a, 
     dense_bf16w(o.data, false, rows, K, stride, groups, reinterpret_cast<const uint16_t*>(wo_a.w), N, out.data, false);
     return out;
   }
-  // FP8 (the checkpoint's codes, never a stored bf16 copy): the CUDA-core kernel at decode rows, with
-  // the bits the bf16 weight gives there; the tensor-core kernel from kFp8wMmaMinRows; from
+  // FP8 (the checkpoint's codes, never a stored bf16 copy): the tensor-core kernel, and from
   // kFp8wGemmMinRows (prefill chunks) the weight's bf16 values made for the call and cuBLASLt.
   const auto* x = o.ptr<uint16_t>();
   uint16_t* y = out.ptr<uint16_t>();
   const bool gemm = gemm_ && linear_path_uses_gemm(linear_mode_, rows, kFp8wGemmMinRows) && K % 128 == 0 &&
                     gemm_->bf16_available(rows, K, stride, groups, N, false) && LinearGemm::bf16_aligned(x, wo_a.w, y);
-  const bool kernel_only = linear_mode_ == LinearPathMode::Kernel;
-  if (!gemm && (kernel_only || rows < kFp8wMmaMinRows) && linear_fp8w_available(x, K, stride, wo_a.w)) {
-    linear_fp8w(x, rows, K, stride, groups, wo_a.w, wo_a.scale, N, y, stream());
-    return out;
-  }
   if (!gemm && linear_fp8w_mma_available(rows, K, stride, groups, N, x, wo_a.w)) {
     const size_t ws_bytes = linear_fp8w_mma_workspace(rows, K, N);
     Tensor ws = ws_bytes ? alloc(DType::F32, {int64_t(ws_bytes / 4)}) : Tensor{};

@@ -17,7 +17,6 @@
 #include <cuda_fp8.h>
 
 #include <climits>
-#include <type_traits>
 
 #include "backend/cuda/cuda_utils.h"
 #include "backend/cuda/quant_math.cuh"
@@ -53,22 +52,6 @@ __device__ __forceinline__ float combine_slices(float (*sum)[kRowsPerPass], int 
     for (int s = 0; s < splits; ++s) total += sum[warp + s][lane];
   __syncthreads();
   return total;
-}
-
-// 8 e4m3 codes (byte i = element i) times their power-of-two scale → f32: the bf16 values the
-// reference converts them to, exactly (every e4m3 value is an f16 value).
-__device__ __forceinline__ void e4m3x8_to_f32(uint2 v, float s, float (&f)[8]) {
-  const uint32_t words[2] = {v.x, v.y};
-#pragma unroll
-  for (int w = 0; w < 2; ++w)
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const __half2_raw raw =
-          __nv_cvt_fp8x2_to_halfraw2(__nv_fp8x2_storage_t((words[w] >> (16 * h)) & 0xffffu), __NV_E4M3);
-      const float2 pair = __half22float2(__half2(raw));
-      f[4 * w + 2 * h] = __fmul_rn(pair.x, s);
-      f[4 * w + 2 * h + 1] = __fmul_rn(pair.y, s);
-    }
 }
 
 // 16 e4m3 codes (byte i = element i) → f32, exactly (every e4m3 value is an f16 value).
@@ -121,7 +104,7 @@ __device__ __forceinline__ void load_x8(const void* x, int64_t offset, float (&f
 // The weights of one launch (Bf16wOut's, with their splits): part p takes the column blocks
 // first_block[p] … first_block[p + 1] − 1 of grid.x.
 struct Bf16wParts {
-  const void* w[kMaxBf16wOuts];
+  const uint16_t* w[kMaxBf16wOuts];
   void* y[kMaxBf16wOuts];
   int N[kMaxBf16wOuts], splits[kMaxBf16wOuts], first_block[kMaxBf16wOuts];
   int count;
@@ -131,22 +114,14 @@ struct Bf16wParts {
 // registers; with it they take 48 and none.)
 // kParts: 1 (one weight: the selection compiles away, so the single linear pays nothing for it —
 // a form that chose on every launch left grouped_out_proj ~2% slower on an H100) or kMaxBf16wOuts.
-// kFp8W (one vectorized weight): e4m3 codes with ue8m0 scales [⌈N/128⌉, ⌈K/128⌉] in w_scale, each
-// 8-element chunk loaded as 8 bytes and turned into the f32 values a bf16 weight chunk gives — the
-// same chunks per lane in the same order, so the same bits as the bf16 weight (linear_fp8w).
-template <bool kXF32, bool kYF32, bool kVectorized, int kParts = 1, bool kFp8W = false>
+template <bool kXF32, bool kYF32, bool kVectorized, int kParts = 1>
 __global__ void __launch_bounds__(kColsPerBlock * 32, 4)
     linear_bf16w_kernel(const void* __restrict__ x, int64_t rows, int K, int64_t x_row_stride, int cols_per_group,
-                        const Bf16wParts parts, const uint8_t* __restrict__ w_scale) {
-  static_assert(!kFp8W || (kVectorized && kParts == 1), "FP8 weights: one weight, 8-byte loads");
-  // Chunks a lane has in flight: FP8 chunks are half the bytes, so more of them (8 spilled at four
-  // blocks per SM: the conversion's temporaries).
-  constexpr int kInFlight = kFp8W ? 6 : kAhead<kXF32>;
-  using Chunk = std::conditional_t<kFp8W, uint2, uint4>;
+                        const Bf16wParts parts) {
   __shared__ float slice_sum[kColsPerBlock][kRowsPerPass];
   // This block's part, by selects over constant indices (an indexed parameter array would be
   // copied to local memory first: 120 bytes of stack and a slower start for every block).
-  const void* __restrict__ w = parts.w[0];
+  const uint16_t* __restrict__ w = parts.w[0];
   void* __restrict__ y = parts.y[0];
   int N = parts.N[0], splits = parts.splits[0], first = 0;
 #pragma unroll
@@ -157,10 +132,7 @@ __global__ void __launch_bounds__(kColsPerBlock * 32, 4)
   const int j = (int(blockIdx.x) - first) * (kColsPerBlock / splits) + warp / splits, slice = warp % splits;
   const bool active = j < N;
   if (!active && splits == 1) return;  // with slices every warp takes part in the combine
-  const int64_t w_row_at = int64_t(active ? j : 0) * K;
-  const Chunk* w_row = kFp8W ? reinterpret_cast<const Chunk*>(static_cast<const uint8_t*>(w) + w_row_at)
-                             : reinterpret_cast<const Chunk*>(static_cast<const uint16_t*>(w) + w_row_at);
-  const uint8_t* s_row = kFp8W ? w_scale + int64_t((active ? j : 0) / 128) * ((K + 127) / 128) : nullptr;
+  const uint16_t* w_row = w + int64_t(active ? j : 0) * K;
   const int64_t x_col0 = int64_t((active ? j : 0) / cols_per_group) * K;
   const int chunks = K / 8;  // vectorized: 8 bf16 per load (splits is 1 on the element path)
   const int c_begin = slice * chunks / splits, c_end = active ? (slice + 1) * chunks / splits : c_begin;
@@ -169,9 +141,9 @@ __global__ void __launch_bounds__(kColsPerBlock * 32, 4)
   // them into registers here spills at four blocks per SM).
   if constexpr (kVectorized) {
 #pragma unroll
-    for (int u = 0; u < kInFlight; ++u) {
+    for (int u = 0; u < kAhead<kXF32>; ++u) {
       const int c = c_begin + lane + 32 * u;
-      if (c < c_end) prefetch_l1(w_row + c);
+      if (c < c_end) prefetch_l1(reinterpret_cast<const uint4*>(w_row) + c);
     }
   }
   pdl_wait();
@@ -183,20 +155,19 @@ __global__ void __launch_bounds__(kColsPerBlock * 32, 4)
       // kAhead weight loads of a lane in flight before the first is used: one at a time, a warp
       // waited out a memory round trip per 16 bytes (grouped_out_proj at one row: 16 round trips a
       // warp, two waves of blocks). The products still add in chunk order.
-      for (int c0 = c_begin + lane; c0 < c_end; c0 += 32 * kInFlight) {
-        Chunk wv[kInFlight];
+      for (int c0 = c_begin + lane; c0 < c_end; c0 += 32 * kAhead<kXF32>) {
+        uint4 wv[kAhead<kXF32>];
 #pragma unroll
-        for (int u = 0; u < kInFlight; ++u) {
+        for (int u = 0; u < kAhead<kXF32>; ++u) {
           const int c = c0 + 32 * u;
-          wv[u] = c < c_end ? __ldg(w_row + c) : Chunk{};
+          wv[u] = c < c_end ? __ldg(reinterpret_cast<const uint4*>(w_row) + c) : make_uint4(0, 0, 0, 0);
         }
 #pragma unroll
-        for (int u = 0; u < kInFlight; ++u) {
+        for (int u = 0; u < kAhead<kXF32>; ++u) {
           const int c = c0 + 32 * u;
           if (c >= c_end) break;
           float wf[8];
-          if constexpr (kFp8W) e4m3x8_to_f32(wv[u], e8m0_to_f32_dev(__ldg(s_row + c / 16)), wf);
-          else bf16x8_to_f32(wv[u], wf);
+          bf16x8_to_f32(wv[u], wf);
 #pragma unroll
           for (int i = 0; i < kRowsPerPass; ++i) {
             const int64_t r = r0 + i;
@@ -210,7 +181,7 @@ __global__ void __launch_bounds__(kColsPerBlock * 32, 4)
       }
     } else {
       for (int k = lane; k < K; k += 32) {
-        const float wk = __uint_as_float(uint32_t(__ldg(static_cast<const unsigned short*>(w) + w_row_at + k)) << 16);
+        const float wk = __uint_as_float(uint32_t(__ldg(reinterpret_cast<const unsigned short*>(w_row) + k)) << 16);
 #pragma unroll
         for (int i = 0; i < kRowsPerPass; ++i) {
           const int64_t r = r0 + i;
@@ -263,13 +234,13 @@ void launch_bf16w(const void* x, int64_t rows, int K, int64_t x_row_stride, int 
   if (n > 1 && !vectorized) fail("linear_bf16w: {} weights in one launch need 16-byte loads", n);
   if (n > 1)
     launch_programmatic(linear_bf16w_kernel<kXF32, kYF32, true, kMaxBf16wOuts>, grid, block, 0, stream, x, rows, K,
-                        x_row_stride, cols_per_group, parts, nullptr);
+                        x_row_stride, cols_per_group, parts);
   else if (vectorized)
     launch_programmatic(linear_bf16w_kernel<kXF32, kYF32, true>, grid, block, 0, stream, x, rows, K, x_row_stride,
-                        cols_per_group, parts, nullptr);
+                        cols_per_group, parts);
   else
     launch_programmatic(linear_bf16w_kernel<kXF32, kYF32, false>, grid, block, 0, stream, x, rows, K, x_row_stride,
-                        cols_per_group, parts, nullptr);
+                        cols_per_group, parts);
 }
 
 // 16 codes per thread → 16 bf16 values: code × scale, exact (see linear.h).
@@ -343,28 +314,6 @@ void linear_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_
     fail("linear_bf16w: {} rows, K {}, N {}, {} groups, row stride {}", rows, K, N, groups, x_row_stride);
   const Bf16wOut out{w, N, y};
   launch_bf16w_outs(x, x_f32, rows, K, x_row_stride, groups, &out, 1, y_f32, stream);
-}
-
-bool linear_fp8w_available(const void* x, int K, int64_t x_row_stride, const uint8_t* w) {
-  return K > 0 && K % 8 == 0 && x_row_stride % 8 == 0 && aligned16(x) && (reinterpret_cast<uintptr_t>(w) & 7u) == 0;
-}
-
-void linear_fp8w(const uint16_t* x, int64_t rows, int K, int64_t x_row_stride, int groups, const uint8_t* w,
-                 const uint8_t* w_scale, int N, uint16_t* y, cudaStream_t stream) {
-  if (rows < 0 || K <= 0 || N <= 0 || groups <= 0 || N % groups || x_row_stride < int64_t(groups) * K || !w_scale)
-    fail("linear_fp8w: {} rows, K {}, N {}, {} groups, row stride {}", rows, K, N, groups, x_row_stride);
-  if (!linear_fp8w_available(x, K, x_row_stride, w))
-    fail("linear_fp8w: K {} and row stride {} must be multiples of 8, x 16-byte and w 8-byte aligned", K, x_row_stride);
-  if (rows == 0) return;
-  if ((rows + kRowsPerBlock - 1) / kRowsPerBlock > 65535) fail("linear_fp8w: {} rows is too many", rows);
-  // The bf16 weight's launch exactly (its splits from N and K), so the same bits.
-  Bf16wParts parts{};
-  parts.count = 1;
-  parts.w[0] = w, parts.y[0] = y, parts.N[0] = N, parts.splits[0] = k_splits(N, K / 8);
-  const dim3 grid = linear_grid(rows, N, parts.splits[0]);
-  launch_programmatic(linear_bf16w_kernel<false, false, true, 1, true>, grid, dim3(kColsPerBlock * 32), 0, stream, x,
-                      rows, K, x_row_stride, N / groups, parts, w_scale);
-  DSV4_CUDA_CHECK_LAUNCH();
 }
 
 void linears_bf16w(const void* x, bool x_f32, int64_t rows, int K, const Bf16wOut* outs, int n_outs, bool y_f32,

@@ -48,18 +48,11 @@ void linear_fp8_block_quantised(const uint8_t* act_q, const float* act_scale, in
 void linear_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_stride, int groups, const uint16_t* w,
                   int N, void* y, bool y_f32, cudaStream_t stream);
 
-// linear_bf16w (x bf16, y bf16, groups as there) for an FP8_BLOCK weight: w e4m3 [N, K], w_scale
-// ue8m0 [⌈N/128⌉, ⌈K/128⌉], each weight taken as its exact bf16 value code × scale (how the reference
-// runs wo_a). Every lane multiplies the same chunks in the same order as linear_bf16w on those bf16
-// values, so the outputs have its bits, from half the weight bytes. Needs linear_fp8w_available:
-// K and x_row_stride multiples of 8, x 16-byte and w 8-byte aligned.
-bool linear_fp8w_available(const void* x, int K, int64_t x_row_stride, const uint8_t* w);
-void linear_fp8w(const uint16_t* x, int64_t rows, int K, int64_t x_row_stride, int groups, const uint8_t* w,
-                 const uint8_t* w_scale, int N, uint16_t* y, cudaStream_t stream);
-
-// linear_fp8w on the tensor cores (linear_fp8w_mma.cu), for more rows than a decode step's: the same
-// products (bf16 values of the codes times bf16 activations, exact in f32), summed per 128-channel
-// scale block by the tensor core and the blocks added in f32 — not linear_fp8w's bits. Needs
+// linear_bf16w (x bf16, groups as there) for an FP8_BLOCK weight, on the tensor cores
+// (linear_fp8w_mma.cu): w e4m3 [N, K], w_scale ue8m0 [⌈N/128⌉, ⌈K/128⌉], each weight taken as its
+// exact bf16 value code × scale (how the reference runs wo_a). The products (exact in f32) are summed
+// per 128-channel scale block by the tensor core and the blocks added in f32: not linear_bf16w's
+// bits on those values. Needs
 // linear_fp8w_mma_available: K and each group's columns (N / groups) multiples of 128, x_row_stride
 // of 8, x and w 16-byte aligned. workspace: f32, linear_fp8w_mma_workspace bytes (0: none needed);
 // a row's result does not depend on `rows`. y bf16, or with y_f32 the f32 sums before that rounding.

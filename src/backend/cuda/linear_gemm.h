@@ -60,13 +60,14 @@ constexpr int64_t kBf16GemmMinRows = 16;
 constexpr double kBf16GemmAnyRowsBytes = 256e6;
 constexpr int64_t kFp8GemmMinRows = 128, kFp8GemmMinRowsLarge = 64;
 constexpr int64_t kFp8GemmLargeValues = int64_t(8) << 20;
-// wo_a stored as FP8 (grouped_out_proj): the CUDA-core kernel below kFp8wMmaMinRows (where the bf16
-// weight took the kernel too), the tensor-core kernel linear_fp8w_mma from there, and a bf16 copy of
-// the weight per call through cuBLASLt from kFp8wGemmMinRows (`dsv4 bench-ops linear`, table wo_a).
-constexpr int64_t kFp8wMmaMinRows = kBf16GemmMinRows, kFp8wGemmMinRows = 512;
-// The FP8 block linears: from kFp8TiledMinRows up to their cuBLASLt rows, linear_fp8w_mma on the
-// quantised activations' bf16 values instead of linear_fp8_mma.cu's kernel.
-constexpr int64_t kFp8TiledMinRows = 32;
+// wo_a stored as FP8 (grouped_out_proj): the tensor-core kernel linear_fp8w_mma below
+// kFp8wGemmMinRows, and from there (prefill chunks) a bf16 copy of the weight per call through
+// cuBLASLt (`dsv4 bench-ops linear`, table wo_a).
+constexpr int64_t kFp8wGemmMinRows = 512;
+// The FP8 block linears: in [kFp8TiledMinRows, kFp8TiledMaxRows) linear_fp8w_mma on the quantised
+// activations' bf16 values, ahead of linear_fp8_mma.cu's kernel and of cuBLASLt (whose FP8 path is a
+// per-call bf16 copy of the weight: at 32–64 rows the tiled kernel took 0.53–0.92× its time).
+constexpr int64_t kFp8TiledMinRows = 32, kFp8TiledMaxRows = 128;
 inline int64_t fp8_gemm_min_rows(int N, int K) {
   return int64_t(N) * K >= kFp8GemmLargeValues ? kFp8GemmMinRowsLarge : kFp8GemmMinRows;
 }
