@@ -36,6 +36,7 @@
 #include <cstdlib>
 #include <random>
 #include <set>
+#include <string>
 #include <vector>
 
 #include "backend/cpu/cpu_backend.h"
@@ -392,8 +393,30 @@ TEST(LinearFp8BlockTiled, FlashAndFixtureShapes) {
 }
 
 // A row's result does not depend on the rows computed beside it (the engine batches sequences
-// freely): rows [first, first + count) alone against the same rows in a batch of `rows`, bit for
-// bit, outputs poisoned first.
+// freely): run(first, count, y) computes rows [first, first + count) into y [count, N]; each
+// (first, count) alone must equal the same rows of the whole batch, bit for bit, outputs poisoned
+// first.
+template <typename Run>
+void expect_rows_alone(const std::string& what, int N, int64_t rows, const std::vector<int64_t>& firsts,
+                       const std::vector<int64_t>& counts, Stream& stream, Run run) {
+  DeviceBuffer<uint16_t> d_y(size_t(rows) * N);
+  d_y.fill_bytes(0xff, stream.get());
+  run(0, rows, d_y.get());
+  const std::vector<uint16_t> all = d_y.download(stream.get());
+  for (int64_t first : firsts)
+    for (int64_t count : counts) {
+      ASSERT_LE(first + count, rows);
+      DeviceBuffer<uint16_t> d_part(size_t(count) * N);
+      d_part.fill_bytes(0xff, stream.get());
+      run(first, count, d_part.get());
+      const std::vector<uint16_t> part = d_part.download(stream.get());
+      EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + first * N))
+          << what << ": rows " << first << " … " << first + count - 1 << " alone differ from the same rows in a batch of "
+          << rows;
+    }
+}
+
+// linear_fp8_block.
 void check_rows_alone(int N, int K, int64_t rows, const std::vector<int64_t>& firsts, const std::vector<int64_t>& counts) {
   const std::vector<uint16_t> x = random_bf16(rows, K);
   std::vector<uint8_t> w(size_t(N) * K), ws(size_t((N + 127) / 128) * (K / 128));
@@ -401,27 +424,17 @@ void check_rows_alone(int N, int K, int64_t rows, const std::vector<int64_t>& fi
   for (auto& b : w) b = uint8_t(code(rng()));
   for (auto& b : ws) b = uint8_t(sbyte(rng()));
   Stream stream;
-  DeviceBuffer<uint16_t> d_x(x.size()), d_y(size_t(rows) * N);
+  DeviceBuffer<uint16_t> d_x(x.size());
   DeviceBuffer<uint8_t> d_w(w.size()), d_ws(ws.size()), d_q(size_t(rows) * K);
   DeviceBuffer<float> d_s(size_t(rows) * (K / 128));
   d_x.upload(x, stream.get());
   d_w.upload(w, stream.get());
   d_ws.upload(ws, stream.get());
-  d_y.fill_bytes(0xff, stream.get());
-  linear_fp8_block(d_x.get(), rows, K, d_w.get(), d_ws.get(), N, d_q.get(), d_s.get(), d_y.get(), stream.get());
-  const std::vector<uint16_t> all = d_y.download(stream.get());
-  for (int64_t first : firsts)
-    for (int64_t count : counts) {
-      ASSERT_LE(first + count, rows);
-      DeviceBuffer<uint16_t> d_part(size_t(count) * N);
-      d_part.fill_bytes(0xff, stream.get());
-      linear_fp8_block(d_x.get() + first * K, count, K, d_w.get(), d_ws.get(), N, d_q.get(), d_s.get(), d_part.get(),
-                       stream.get());
-      const std::vector<uint16_t> part = d_part.download(stream.get());
-      EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + first * N))
-          << "[" << N << " × " << K << "]: rows " << first << " … " << first + count - 1
-          << " alone differ from the same rows in a batch of " << rows;
-    }
+  expect_rows_alone("[" + std::to_string(N) + " × " + std::to_string(K) + "]", N, rows, firsts, counts, stream,
+                    [&](int64_t first, int64_t count, uint16_t* y) {
+                      linear_fp8_block(d_x.get() + first * K, count, K, d_w.get(), d_ws.get(), N, d_q.get(), d_s.get(),
+                                       y, stream.get());
+                    });
 }
 
 TEST(LinearFp8Block, RowsDoNotDependOnTheBatch) { check_rows_alone(1000, 1024, 70, {0, 5, 33, 63}, {1, 3, 7}); }
@@ -667,27 +680,18 @@ void check_fp8w_mma_rows_alone(int groups, int rank, int K, int64_t rows, const 
   const Fp8Weight w = random_fp8_weight(N, K);
   const std::vector<uint16_t> x = random_bf16(rows, stride);
   Stream stream;
-  DeviceBuffer<uint16_t> d_x(x.size()), d_y(size_t(rows) * N);
+  DeviceBuffer<uint16_t> d_x(x.size());
   DeviceBuffer<uint8_t> d_w(w.codes.size()), d_ws(w.scales.size());
   DeviceBuffer<float> work(std::max<size_t>(linear_fp8w_mma_workspace(rows, K, N) / 4, 1));
   d_x.upload(x, stream.get());
   d_w.upload(w.codes, stream.get());
   d_ws.upload(w.scales, stream.get());
-  d_y.fill_bytes(0xff, stream.get());
-  linear_fp8w_mma(d_x.get(), rows, K, stride, groups, d_w.get(), d_ws.get(), N, d_y.get(), work.get(), stream.get());
-  const std::vector<uint16_t> all = d_y.download(stream.get());
-  for (int64_t first : firsts)
-    for (int64_t count : counts) {
-      ASSERT_LE(first + count, rows);
-      DeviceBuffer<uint16_t> d_part(size_t(count) * N);
-      d_part.fill_bytes(0xff, stream.get());
-      linear_fp8w_mma(d_x.get() + first * stride, count, K, stride, groups, d_w.get(), d_ws.get(), N, d_part.get(),
-                      work.get(), stream.get());
-      const std::vector<uint16_t> part = d_part.download(stream.get());
-      EXPECT_TRUE(std::equal(part.begin(), part.end(), all.begin() + first * N))
-          << "tiled FP8 [" << N << " × " << K << "], " << groups << " groups: rows " << first << " … "
-          << first + count - 1 << " alone differ from the same rows in a batch of " << rows;
-    }
+  expect_rows_alone("tiled FP8 [" + std::to_string(N) + " × " + std::to_string(K) + "], " + std::to_string(groups) +
+                        " groups",
+                    N, rows, firsts, counts, stream, [&](int64_t first, int64_t count, uint16_t* y) {
+                      linear_fp8w_mma(d_x.get() + first * stride, count, K, stride, groups, d_w.get(), d_ws.get(), N,
+                                      y, work.get(), stream.get());
+                    });
 }
 
 TEST(GroupedOutProjFp8, TiledRowsDoNotDependOnTheBatch) {

@@ -52,10 +52,10 @@ void linear_bf16w(const void* x, bool x_f32, int64_t rows, int K, int64_t x_row_
 // (linear_fp8w_mma.cu): w e4m3 [N, K], w_scale ue8m0 [⌈N/128⌉, ⌈K/128⌉], each weight taken as its
 // exact bf16 value code × scale (how the reference runs wo_a). The products (exact in f32) are summed
 // per 128-channel scale block by the tensor core and the blocks added in f32: not linear_bf16w's
-// bits on those values. Needs
-// linear_fp8w_mma_available: K and each group's columns (N / groups) multiples of 128, x_row_stride
-// of 8, x and w 16-byte aligned. workspace: f32, linear_fp8w_mma_workspace bytes (0: none needed);
-// a row's result does not depend on `rows`. y bf16, or with y_f32 the f32 sums before that rounding.
+// bits on those values. Needs linear_fp8w_mma_available: K and each group's columns (N / groups)
+// multiples of 128, x_row_stride of 8, x and w 16-byte aligned. workspace: f32,
+// linear_fp8w_mma_workspace bytes (0: none needed); a row's result does not depend on `rows`. y bf16,
+// or with y_f32 the f32 sums before that rounding.
 bool linear_fp8w_mma_available(int64_t rows, int K, int64_t x_row_stride, int groups, int N, const void* x,
                                const uint8_t* w);
 size_t linear_fp8w_mma_workspace(int64_t rows, int K, int N);

@@ -82,8 +82,8 @@ __global__ void __launch_bounds__(kThreads, 2)
   const uint32_t s_w = smem_u32(smem), s_x = s_w + kStages * kWStage;
   const uint8_t* scale_row = w_scale + int64_t(n0 / 128) * kblocks;
 
-  // A stage: the weight's 128 rows × 64 bytes and the activations' rows (up to 64) × 128 bytes, in
-  // pieces of 16 bytes, two a thread; rows past N or `rows` in a loaded tile are zero-filled.
+  // A stage: the weight's 128 rows × 64 bytes (two 16-byte pieces a thread) and the activations'
+  // rows of the loaded 8-row tiles × 128 bytes; rows past N or `rows` are zero-filled.
   const auto load_w = [&](int step) {
     const int k = (2 * kb_begin + step) * kBK;
     const uint32_t dst = s_w + (step % kStages) * kWStage;
