@@ -67,7 +67,7 @@ constexpr int64_t kFp8wGemmMinRows = 512;
 // The large FP8 block linears (kFp8GemmLargeValues and up: wq_b, wo_b, the shared expert's): in
 // [kFp8TiledMinRows, kFp8TiledMaxRows) linear_fp8w_mma on the quantised activations' bf16 values,
 // ahead of linear_fp8_mma.cu's kernel and of cuBLASLt (whose FP8 path is a per-call bf16 copy of the
-// weight: at 32–64 rows the tiled kernel took 0.53–0.92× the faster of them). The small ones (wq_a,
+// weight: at 32–64 rows the tiled kernel took 0.64–0.98× the faster of them). The small ones (wq_a,
 // wkv: a few column tiles) stay on the kernel: tiled, they took 35 µs at 64 rows against its 23
 // (docs/perf/2026-12-07-wo-a-fp8-tiled.md).
 constexpr int64_t kFp8TiledMinRows = 32, kFp8TiledMaxRows = 128;
