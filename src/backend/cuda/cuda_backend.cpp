@@ -482,7 +482,7 @@ void CudaBackend::fp8_linears_quantised(const Tensor& q, const Tensor& s, const 
   for (size_t i = 0; i < ws.size(); ++i) {
     const LinearWeight& w = *ws[i];
     const bool tiled = linear_mode_ == LinearPathMode::Auto && rows >= kFp8TiledMinRows && rows < kFp8TiledMaxRows &&
-                       int64_t(w.out) * w.in >= kFp8GemmLargeValues &&
+                       int64_t(w.out) * w.in >= kFp8GemmLargeValues && w.out >= kFp8TiledMinCols &&
                        linear_fp8w_mma_available(rows, K, K, 1, w.out, nullptr /* xb: a fresh allocation */, w.w);
     const bool gemm = !tiled && gemm_ && linear_path_uses_gemm(linear_mode_, rows, fp8_gemm_min_rows(w.out, w.in)) &&
                       gemm_->fp8_via_bf16_available(rows, w.in, w.out, f32);
