@@ -70,8 +70,9 @@ constexpr int64_t kFp8wGemmMinRows = 512;
 // weight: at 32–64 rows the tiled kernel took 0.64–0.98× the faster of them). The small ones (wq_a,
 // wkv: a few column tiles) stay on the kernel: tiled, they took 35 µs at 64 rows against its 23
 // (docs/perf/2026-12-07-wo-a-fp8-tiled.md). Nor do those under kFp8TiledMinCols columns (the shared
-// expert's w1 and w3, 2048 each), which the kernel runs together in one launch: tiled, they are two
-// launches of 16 column tiles (docs/perf/2026-12-07-tile-finisher.md).
+// expert's w1 and w3, 2048 each): tiled, they are two launches of 16 column tiles; below
+// kFp8GemmMinRowsLarge the kernel runs both in one launch, from there cuBLASLt
+// (docs/perf/2026-12-07-tile-finisher.md).
 constexpr int64_t kFp8TiledMinRows = 32, kFp8TiledMaxRows = 128, kFp8TiledMinCols = 4096;
 inline int64_t fp8_gemm_min_rows(int N, int K) {
   return int64_t(N) * K >= kFp8GemmLargeValues ? kFp8GemmMinRowsLarge : kFp8GemmMinRows;
