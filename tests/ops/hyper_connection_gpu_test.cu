@@ -96,12 +96,15 @@ float max_abs_diff(const std::vector<float>& got, const std::vector<float>& want
   return m;
 }
 
-// The mixes m: the CPU sums 16384 products in double, the GPU in f32 (8 per lane and a 5-level warp
-// tree per 256-channel slice, then the 64 slices 2 per lane and another 5-level tree: ~20 roundings
-// deep). The f32 rounding errors are a random walk of standard deviation ≲ 2^-24·√20·(partial sums
-// ≤ |m|-sized), i.e. ≲ 3e-7 of m's own spread (σ_m ≈ 2 here): |Δm| ≲ 4e-6 even at 6 sd. Through
+// The mixes m: the CPU sums 16384 products in double; the GPU's products are exact (bf16 streams times
+// the three bf16 parts of each f32 weight) and its sums f32: per 256-channel slice 16 tensor-core sums
+// of 16 products (each chained through the three parts) added in order, then the 64 slices 2 per lane
+// and a 5-level tree: ~25 roundings deep. The tensor cores truncate where f32 rounds (an error of up
+// to an ulp instead of half, of the same random sign as the product it cuts), so the errors are a
+// random walk of standard deviation ≲ 2^-23·√25·(partial sums ≤ |m|-sized), i.e. ≲ 6e-7 of m's own
+// spread (σ_m ≈ 2 here): |Δm| ≲ 8e-6 even at 6 sd. Through
 // post = 2σ(m·s + b) (slope ≤ s/2 ≤ 1) and the softmax / Sinkhorn (slope ≲ s ≤ 2 on the logits, the
-// normalisations divide out common factors) post and comb move by ≲ 1e-5. Bound: 5e-5 absolute, which
+// normalisations divide out common factors) post and comb move by ≲ 2e-5. Bound: 5e-5 absolute, which
 // is still 2^-14 — far below anything a bf16 consumer can see.
 constexpr float kMixTolerance = 5e-5f;
 

@@ -1,11 +1,12 @@
 // Hyper-connection kernels (backend/cuda/hyper_connection.h).
-// hc_pre / hc_head: two launches (below, before hc_mix_partials_kernel): partial dot products and sums
-// of squares per (token, channel slice), then per token their sum in slice order, the per-token
-// scalar work (sigmoids; for hc_pre the Sinkhorn with one lane per row / column, in the CPU's order)
-// and x_in; for a decode step's 1–2 rows both in one launch (hc_mix_fused_kernel: the last block to
-// finish does the second's work). hc_post: a thread per (token, channel). Every f32 step the CPU rounds separately is
-// written with the _rn intrinsics (no FMA contraction: the CPU build has none), so given the same
-// mixes the outputs are bit-exact; only the reductions (double on the CPU) differ in order.
+// hc_pre / hc_head: two launches (below, before hc_mix_partials_kernel): partial dot products (on the
+// tensor cores, f32 weights as three exact bf16 parts) and sums of squares per (token, channel slice),
+// then per token their sum in slice order, the per-token scalar work (sigmoids; for hc_pre the
+// Sinkhorn with one lane per row / column, in the CPU's order) and x_in; for a decode step's 1–2 rows
+// both in one launch (hc_mix_fused_kernel: the last block to finish does the second's work). hc_post:
+// a thread per (token, channel). Every f32 step the CPU rounds separately is written with the _rn
+// intrinsics (no FMA contraction: the CPU build has none), so given the same mixes the outputs are
+// bit-exact; only the reductions (double on the CPU) differ in order and rounding.
 #include "backend/cuda/hyper_connection.h"
 
 #include <cstdint>
@@ -70,21 +71,35 @@ __device__ __forceinline__ void token_comb(const float* m, const float* base, co
 // The mixes in two launches, so that a decode step's one token still spreads the 24 × 16384 f32
 // weights over many SMs and a prefill chunk's thousands of tokens share each weight load:
 //  1. hc_mix_partials_kernel: block (s, g) takes the slice s of kSliceChunks float4 chunks of the hc·D
-//     channels and kWarps × kTileTokens tokens; each warp takes kTileTokens tokens, lane l the chunks
-//     l and l + 32 of the slice. A lane's fn loads serve its tile's tokens (and the block's warps share
-//     them through L1). Its NMix dot products and the sum of squares go through one transposing
-//     shuffle reduction to partials[t][s][·].
+//     channels and kMixWarps tiles of 16 tokens, a warp each; the slice's weights wait in shared
+//     memory as the tensor cores take them (below). Its NMix dot products and its sum of squares go
+//     to partials[t][s][·].
 //  2. hc_mix_finish_kernel: blocks_per_token blocks per token add the slices' partials of pre and of
 //     the sum of squares (a fixed order), scale by rs and write their share of x_in; for hc_pre, after
 //     them, a warp per token adds all the sums the same way and does the post mixes and the Sinkhorn.
 // A token's arithmetic depends only on its own channels and the fixed slices, never on T or on the
 // token's place in a tile: a row's result is the same alone and in any batch.
-constexpr int kSliceChunks = 64;  // 256 channels: 2 float4 chunks per lane
-// Tokens per warp. Each one's 24 sums sit in the lane's registers, and each fn vector loaded from L1
-// serves them all: 4 tokens held 215 registers (one block an SM, too few warps to hide the loads: 592 µs
-// at 8,192 tokens on an H100), 2 hold 125 (two blocks, 452 µs; their L1 loads of fn, twice the FMAs'
-// issue slots, bound it now: docs/perf/2026-12-07-prefill-partials.md).
-constexpr int kTileTokens = 2;
+//
+// A slice's sums, in every kernel that makes them (the tensor cores: the f32 FMA forms these replace
+// were bound by their weight loads, 452 µs for the 24 mixes of 8,192 tokens on an H100 where the
+// streams' bytes take ~90; docs/perf/2026-12-07-hc-mix-mma.md):
+//  - The channels of a slice are 8 pairs p of 32; in pair p, piece q is channels 32p + 8q … + 7, and
+//    its halves h = 0, 1 (4 channels each) belong to k-step ks = 2p + h of an m16n8k16 product. The
+//    lane whose threadID in its group of 4 is q holds piece q: its k positions 2q, 2q+1, 2q+8, 2q+9
+//    are the half's 4 channels in order, in the A (streams) and B (weights) fragments alike.
+//  - fn is f32 and the products bf16: each weight enters as three bf16 parts hi + mid + lo that add
+//    up to it exactly (8 + 8 + 8 bits), and each stream value is a bf16 already, so every product is
+//    exact and only the sums round (the tensor cores' f32 sums). Per k-step and 8 mixes j:
+//    r[ks][j] = mma(hi, mma(mid, mma(lo, 0))), and partial = r[0] + r[1] + … + r[15] in that order.
+//  - The sum of squares: ss_pq = the piece's 8 squares by fma in channel order, a_q = the pairs'
+//    pairwise tree ((ss_0q + ss_1q) + (ss_2q + ss_3q)) + ((ss_4q + ss_5q) + (ss_6q + ss_7q)), and
+//    ss = (a_0 + a_1) + (a_2 + a_3).
+// A tensor-core sum's bits depend on its row's operands only (not on the tile's other rows: the
+// batch-invariance tests compare a row alone with the same row at other places of a tile).
+constexpr int kSliceChunks = 64;  // 256 channels
+constexpr int kSlicePairs = 8, kSliceSteps = 2 * kSlicePairs;
+constexpr int kMixWarps = 4;  // a partials block's 16-token tiles
+constexpr int kMixThreads = 32 * kMixWarps;
 constexpr int kFinishChannels = kThreads * 4;  // x_in channels per finishing block
 constexpr int kMaxNormWidth = 8192;            // D of a finishing block that also applies the norm
 
@@ -154,83 +169,146 @@ __device__ __forceinline__ uint2 posted_chunk(const PostSource& p, int64_t t, in
   return v;
 }
 
-// Chunk q of token t's stream state as 4 f32 values, their squares added to ss: read from X, or with
-// kPost computed from the previous state (written out by the lanes that `write`). Both mix kernels'
-// inner step, so both add the same values in the same order.
+// Chunk q (4 channels) of token t's stream state as bf16 bits: read from X, or with kPost computed from
+// the previous state and written out (each chunk by the one lane that computes it).
 template <bool kPost>
-__device__ __forceinline__ void state_chunk(const uint16_t* X, int width, const PostSource& post, int64_t t, int q,
-                                            bool write, float (&v)[4], float& ss) {
-  uint2 raw;
-  if constexpr (kPost) raw = posted_chunk<4>(post, t, q, write);  // the mix kernels are built for hc = 4
-  else raw = reinterpret_cast<const uint2*>(X + t * width)[q];
-  v[0] = __uint_as_float(raw.x << 16), v[1] = __uint_as_float(raw.x & 0xffff0000u);
-  v[2] = __uint_as_float(raw.y << 16), v[3] = __uint_as_float(raw.y & 0xffff0000u);
+__device__ __forceinline__ uint2 state_chunk(const uint16_t* X, int width, const PostSource& post, int64_t t, int q) {
+  if constexpr (kPost) return posted_chunk<4>(post, t, q);  // the mix kernels are built for hc = 4
+  else return reinterpret_cast<const uint2*>(X + t * width)[q];
+}
+
+// The B registers of 4 consecutive weights (channels 0, 1 and 2, 3) for each bf16 part: [hi, mid, lo].
+struct WeightParts {
+  uint32_t b[3][2];
+};
+
+// Weights of mix j at float4 chunk q (zeros past the mixes or the channels).
+template <int NMix>
+__device__ __forceinline__ float4 mix_weights(const float* fn, int width, int j, int q) {
+  if (j < NMix && q < width / 4) return reinterpret_cast<const float4*>(fn + int64_t(j) * width)[q];
+  return make_float4(0, 0, 0, 0);
+}
+
+// 4 weights split into their parts.
+__device__ __forceinline__ WeightParts weight_parts(float4 f) {
+  const float v[4] = {f.x, f.y, f.z, f.w};
+  uint16_t part[3][4];
 #pragma unroll
-  for (int e = 0; e < 4; ++e) ss = fmaf(v[e], v[e], ss);
+  for (int e = 0; e < 4; ++e) {
+    float rest = v[e];  // (each difference is exact: the parts add up to v)
+#pragma unroll
+    for (int k = 0; k < 3; ++k) {
+      part[k][e] = bf16_bits(rest);
+      rest = __fsub_rn(rest, bf16_value(part[k][e]));
+    }
+  }
+  WeightParts w;
+#pragma unroll
+  for (int k = 0; k < 3; ++k) {
+    w.b[k][0] = uint32_t(part[k][0]) | uint32_t(part[k][1]) << 16;
+    w.b[k][1] = uint32_t(part[k][2]) | uint32_t(part[k][3]) << 16;
+  }
+  return w;
 }
 
-// acc += v · f, the 4 products in the order both mix kernels use.
-__device__ __forceinline__ float add_chunk_dot(const float (&v)[4], const float4& f, float acc) {
-  return fmaf(v[0], f.x, fmaf(v[1], f.y, fmaf(v[2], f.z, fmaf(v[3], f.w, acc))));
+// r[j] = one k-step's sums of mixes 8j … 8j+7: lo, then mid, then hi (the small parts first).
+template <int NT>
+__device__ __forceinline__ void mix_step(float (&r)[NT][4], const uint32_t (&a)[4], const WeightParts (&w)[NT]) {
+#pragma unroll
+  for (int j = 0; j < NT; ++j) {
+#pragma unroll
+    for (int e = 0; e < 4; ++e) r[j][e] = 0;
+#pragma unroll
+    for (int k = 2; k >= 0; --k) mma_bf16(r[j], a, w[j].b[k][0], w[j].b[k][1]);
+  }
 }
 
+// ss_pq of a piece: its halves' 8 squares in channel order.
+__device__ __forceinline__ float piece_squares(uint2 h0, uint2 h1) {
+  return add_squares8(make_uint4(h0.x, h0.y, h1.x, h1.y), 0.0f);
+}
+// a_q from the 8 pairs' ss_pq.
+__device__ __forceinline__ float pair_tree(const float (&s)[kSlicePairs]) {
+  return ((s[0] + s[1]) + (s[2] + s[3])) + ((s[4] + s[5]) + (s[6] + s[7]));
+}
+
+// The float4 chunk where the lane's piece (pair p, piece q) starts in slice s.
+__device__ __forceinline__ int piece_chunk(int s, int p, int q) { return s * kSliceChunks + p * 8 + 2 * q; }
+
+// Block (s, y) takes slice s for groups_per_block groups of kMixWarps · 16 tokens, a warp a 16-token tile
+// (row g and g + 8 of lane (g, q) = (lane / 4, lane % 4)). The slice's weight parts are laid out in
+// shared memory as the lanes read them ([tile of mixes][k-step][part][lane], 8 bytes a lane: no bank
+// conflicts), before the programmatic wait: they do not depend on the kernels before.
 template <int NMix, bool kPost>
-__global__ void __launch_bounds__(kThreads)
+__global__ void __launch_bounds__(kMixThreads)
     hc_mix_partials_kernel(const uint16_t* __restrict__ X, int64_t T, int width, const float* __restrict__ fn,
                            int slices, int groups_per_block, float* __restrict__ partials, const PostSource post) {
-  static_assert(NMix + 1 <= 32, "one lane per partial sum");
-  const int s = blockIdx.x;
-  const int chunks = width / 4, first = s * kSliceChunks;
-  // The weights do not depend on the step before: start their slice on its way to L2 while that step
-  // finishes (each row's slice is kSliceChunks · 16 bytes = 8 lines of 128 bytes).
-  constexpr int kLines = kSliceChunks * 16 / 128;
-  for (int i = threadIdx.x; i < NMix * kLines; i += kThreads) {
-    const int64_t channel = int64_t(first) * 4 + (i % kLines) * 32;
-    if (channel < width) prefetch_l2(fn + int64_t(i / kLines) * width + channel);
+  constexpr int NT = (NMix + 7) / 8, NV = NMix + 1;
+  __shared__ uint2 parts[NT][kSliceSteps][3][32];
+  const int s = blockIdx.x, chunks = width / 4;
+  for (int i = threadIdx.x; i < NT * kSliceSteps * 32; i += kMixThreads) {
+    const int l = i % 32, ks = i / 32 % kSliceSteps, j = i / (32 * kSliceSteps);
+    const WeightParts w = weight_parts(mix_weights<NMix>(fn, width, 8 * j + l / 4, piece_chunk(s, ks / 2, l % 4) + ks % 2));
+#pragma unroll
+    for (int k = 0; k < 3; ++k) parts[j][ks][k][l] = make_uint2(w.b[k][0], w.b[k][1]);
   }
+  __syncthreads();
   pdl_wait();
   pdl_launch_dependents();
-  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
   for (int group = 0; group < groups_per_block; ++group) {
-    const int64_t t0 = ((int64_t(blockIdx.y) * groups_per_block + group) * kWarps + warp) * kTileTokens;
+    const int64_t t0 = ((int64_t(blockIdx.y) * groups_per_block + group) * kMixWarps + warp) * 16;
     if (t0 >= T) return;
-    const int tokens = T - t0 < kTileTokens ? int(T - t0) : kTileTokens;
-    // The next group's streams on their way to L1 while this one computes (a warp would otherwise
-    // wait out a memory round trip per group: one resident block per SM hides little).
-    if (group + 1 < groups_per_block) {
-      const int64_t next = t0 + int64_t(kWarps) * kTileTokens;
+    const int64_t rows[2] = {t0 + g, t0 + g + 8};
+    // All the tile's loads first (8 pairs × 2 rows × 2 halves, 8 bytes each), then the products.
+    uint2 x[kSlicePairs][2][2];
 #pragma unroll
-      for (int k = 0; k < kTileTokens; ++k)
+    for (int p = 0; p < kSlicePairs; ++p)
 #pragma unroll
-        for (int c = 0; c < kSliceChunks / 32; ++c) {
-          const int q = first + c * 32 + lane;
-          if (next + k < T && q < chunks) prefetch_l1(reinterpret_cast<const uint2*>(X + (next + k) * width) + q);
+      for (int r = 0; r < 2; ++r)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int c = piece_chunk(s, p, q) + h;
+          x[p][r][h] = rows[r] < T && c < chunks ? state_chunk<kPost>(X, width, post, rows[r], c) : make_uint2(0, 0);
         }
-    }
-    float acc[kTileTokens][NMix] = {}, ss[kTileTokens] = {};
+    float acc[NT][4], ss[2][kSlicePairs];
 #pragma unroll
-    for (int c = 0; c < kSliceChunks / 32; ++c) {
-      const int q = first + c * 32 + lane;
-      if (q >= chunks) continue;  // (no break: the loops stay unrolled and acc in registers)
-      float v[kTileTokens][4] = {};
+    for (int p = 0; p < kSlicePairs; ++p) {
 #pragma unroll
-      for (int k = 0; k < kTileTokens; ++k)
-        if (k < tokens) state_chunk<kPost>(X, width, post, t0 + k, q, true, v[k], ss[k]);
+      for (int r = 0; r < 2; ++r) ss[r][p] = piece_squares(x[p][r][0], x[p][r][1]);
 #pragma unroll
-      for (int j = 0; j < NMix; ++j) {
-        const float4 f = reinterpret_cast<const float4*>(fn + int64_t(j) * width)[q];
+      for (int h = 0; h < 2; ++h) {
+        const int ks = 2 * p + h;
+        const uint32_t a[4] = {x[p][0][h].x, x[p][1][h].x, x[p][0][h].y, x[p][1][h].y};
+        WeightParts w[NT];
 #pragma unroll
-        for (int k = 0; k < kTileTokens; ++k) acc[k][j] = add_chunk_dot(v[k], f, acc[k][j]);
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int k = 0; k < 3; ++k) {
+            const uint2 b = parts[j][ks][k][lane];
+            w[j].b[k][0] = b.x, w[j].b[k][1] = b.y;
+          }
+        float r[NT][4];
+        mix_step(r, a, w);
+#pragma unroll
+        for (int j = 0; j < NT; ++j)
+#pragma unroll
+          for (int e = 0; e < 4; ++e) acc[j][e] = ks == 0 ? r[j][e] : __fadd_rn(acc[j][e], r[j][e]);
       }
     }
 #pragma unroll
-    for (int k = 0; k < kTileTokens; ++k) {
-      if (k >= tokens) continue;
-      float v[32];
+    for (int r = 0; r < 2; ++r) {
+      float a = pair_tree(ss[r]);
+      a = a + __shfl_xor_sync(0xffffffffu, a, 1);  // (a_q + a_q^1): the same bits in both lanes
+      a = a + __shfl_xor_sync(0xffffffffu, a, 2);
+      if (rows[r] >= T) continue;
+      float* out = partials + (rows[r] * slices + s) * NV;
+      if (q == 0) out[NMix] = a;
 #pragma unroll
-      for (int j = 0; j < 32; ++j) v[j] = j < NMix ? acc[k][j] : j == NMix ? ss[k] : 0.0f;
-      const float sum = warp_transpose_sum(v, lane);
-      if (lane <= NMix) partials[((t0 + k) * slices + s) * (NMix + 1) + lane] = sum;
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (8 * j + 2 * q + e < NMix) out[8 * j + 2 * q + e] = acc[j][2 * r + e];
     }
   }
 }
@@ -427,15 +505,18 @@ __global__ void __launch_bounds__(kThreads)
 }
 
 // The decode form: both launches in one, for up to kFusedRows tokens. Block s computes slice s's
-// partial sums as hc_mix_partials_kernel does (each warp a third of the 24 mixes: the same lanes,
-// chunks and order, so the same bits), and the last block to finish (a ticket) runs the finishing
-// work: warps 0 … 7 x_in (and the norm) token by token as the finishing block does, a warp per token
-// beside them the post mixes and the Sinkhorn. Why: at one token each launch is a dependent round
-// of a few µs for ~64 KB of data; the fused form saved 1–2 µs a call on the H100, and the Sinkhorn
-// now sets its end (docs/perf/2026-12-05-one-launch.md). The weights are loaded into registers
-// before the programmatic wait (they do not depend on the kernels before).
+// partial sums with the same operations as hc_mix_partials_kernel (warp p the k-steps of pair p for
+// the rows at A rows 0 … T − 1, their results added up in shared memory in the partial's order), and
+// the last block to finish (a ticket) runs the finishing work: warps 0 … 7 x_in (and the norm) token
+// by token as the finishing block does, a warp per token beside them the post mixes and the Sinkhorn.
+// Why: at one token each launch is a dependent round of a few µs for ~64 KB of data; the fused form
+// saved 1–2 µs a call on the H100, and the Sinkhorn now sets its end
+// (docs/perf/2026-12-05-one-launch.md). The weights are loaded into registers before the programmatic
+// wait (they do not depend on the kernels before) and split into their parts after it, beside the
+// state's loads (split before it, sm_120's ptxas spilled in the norm-less form).
 constexpr int kFusedRows = 2;
 constexpr int kFusedThreads = kThreads + 32 * kFusedRows;
+static_assert(kWarps == kSlicePairs, "a warp per pair of k-steps");
 
 // Sum over the kThreads threads of warps 0 … kWarps − 1 (the fused form's x_in warps), in block_sum's
 // order, with a named barrier that the Sinkhorn warps do not take part in.
@@ -458,55 +539,62 @@ __global__ void __launch_bounds__(kFusedThreads)
                         const float* __restrict__ scale, int iters, float norm_eps, float hc_eps,
                         const uint16_t* __restrict__ norm, uint16_t* __restrict__ out, float* __restrict__ post,
                         float* __restrict__ comb, unsigned* ticket, const Fp8Rows quant) {
-  constexpr int HC = 4, NV = NMix + 1;
-  constexpr int kPerWarp = (NMix + kWarps - 1) / kWarps;  // mixes a warp computes
-  constexpr int kChunks = kSliceChunks / 32;                // float4 chunks of the slice a lane takes
-  const int s = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-  const int width = HC * D, chunks = width / 4, first = s * kSliceChunks, j0 = warp * kPerWarp;
-  float4 f[kChunks][kPerWarp];
-  if (warp < kWarps) {
+  constexpr int HC = 4, NV = NMix + 1, NT = (NMix + 7) / 8;
+  const int s = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
+  const int width = HC * D, chunks = width / 4, first = piece_chunk(s, warp, q);  // (pair p = warp)
+  float4 f[2][NT];  // (split after the wait, beside the state's loads: fewer registers held across it)
+  if (warp < kWarps)
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      const int q = first + c * 32 + lane;
+    for (int h = 0; h < 2; ++h)
 #pragma unroll
-      for (int i = 0; i < kPerWarp; ++i)
-        f[c][i] = q < chunks && j0 + i < NMix ? reinterpret_cast<const float4*>(fn + int64_t(j0 + i) * width)[q]
-                                              : make_float4(0, 0, 0, 0);
-    }
-  }
+      for (int j = 0; j < NT; ++j) f[h][j] = mix_weights<NMix>(fn, width, 8 * j + g, first + h);
   NormedRows<HC, kRowChunks> rows;
   if constexpr (kNorm)
     if (warp < kWarps) rows.load_weight(norm, D);
   pdl_wait();
   pdl_launch_dependents();
+  __shared__ float steps[kFusedRows][kSliceSteps][NMix];     // r[ks][mix] of each row
+  __shared__ float squares[kFusedRows][kSlicePairs][4];       // ss_pq of each row
   if (warp < kWarps) {
-    float acc[kFusedRows][kPerWarp] = {}, ss[kFusedRows] = {};
-    // hc_mix_partials_kernel's loop: per (token, mix) the same products in the same order.
+    uint2 x[2] = {make_uint2(0, 0), make_uint2(0, 0)};
 #pragma unroll
-    for (int c = 0; c < kChunks; ++c) {
-      const int q = first + c * 32 + lane;
-      if (q >= chunks) continue;
-      float v[kFusedRows][4] = {};
+    for (int h = 0; h < 2; ++h)
+      if (g < T && first + h < chunks) x[h] = state_chunk<kPost>(X, width, post_source, g, first + h);
 #pragma unroll
-      for (int k = 0; k < kFusedRows; ++k)  // (one warp writes the state)
-        if (k < T) state_chunk<kPost>(X, width, post_source, k, q, warp == 0, v[k], ss[k]);
+    for (int h = 0; h < 2; ++h) {
+      const uint32_t a[4] = {x[h].x, 0u, x[h].y, 0u};  // (A rows 8 … 15 are past kFusedRows)
+      WeightParts w[NT];
 #pragma unroll
-      for (int i = 0; i < kPerWarp; ++i)
+      for (int j = 0; j < NT; ++j) w[j] = weight_parts(f[h][j]);
+      float r[NT][4];
+      mix_step(r, a, w);
 #pragma unroll
-        for (int k = 0; k < kFusedRows; ++k) acc[k][i] = add_chunk_dot(v[k], f[c][i], acc[k][i]);
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (g < T && 8 * j + 2 * q + e < NMix) steps[g][2 * warp + h][8 * j + 2 * q + e] = r[j][e];
     }
-    // The transposing sum adds each entry only to the same entry of other lanes: entries this warp
-    // does not compute are zeros that change no other entry's bits.
+    if (g < T) squares[g][warp][q] = piece_squares(x[0], x[1]);
+    x_warps_sync();
+    if (threadIdx.x < T * NV) {
+      const int t = threadIdx.x / NV, j = threadIdx.x % NV;
+      float v;
+      if (j < NMix) {
+        v = steps[t][0][j];
 #pragma unroll
-    for (int k = 0; k < kFusedRows; ++k) {
-      if (k >= T) continue;
-      float v[32];
+        for (int ks = 1; ks < kSliceSteps; ++ks) v = __fadd_rn(v, steps[t][ks][j]);
+      } else {
+        float a[4];
 #pragma unroll
-      for (int j = 0; j < 32; ++j)
-        v[j] = j >= j0 && j < j0 + kPerWarp && j < NMix ? acc[k][j - j0] : j == NMix ? ss[k] : 0.0f;
-      const float sum = warp_transpose_sum(v, lane);
-      if ((lane >= j0 && lane < j0 + kPerWarp && lane < NMix) || (lane == NMix && warp == 0))
-        partials[(int64_t(k) * slices + s) * NV + lane] = sum;
+        for (int k = 0; k < 4; ++k) {
+          float sp[kSlicePairs];
+#pragma unroll
+          for (int p = 0; p < kSlicePairs; ++p) sp[p] = squares[t][p][k];
+          a[k] = pair_tree(sp);
+        }
+        v = (a[0] + a[1]) + (a[2] + a[3]);
+      }
+      partials[(int64_t(t) * slices + s) * NV + j] = v;
     }
   }
   // The last block to get here finishes (its ticket is the grid's size − 1) and resets the ticket for
@@ -615,10 +703,11 @@ __global__ void __launch_bounds__(kThreads) hc_post_kernel(const uint16_t* __res
   }
 }
 
-// Token groups (kWarps × kTileTokens tokens) a partials block walks, one after another: a prefill
-// chunk's blocks then live long enough (256 tokens) for their slice of fn to pay its way into L1; a
-// decode step's few tokens keep a group a block.
-int hc_groups_per_block(int64_t T) { return T >= 2048 ? 16 : 1; }
+// Token groups (kMixWarps × 16 tokens) a partials block walks, one after another: a prefill chunk's
+// blocks then live long enough (256 tokens) for their slice's weight parts in shared memory to pay
+// their way; a decode step's few tokens keep a group a block.
+int hc_groups_per_block(int64_t T) { return T >= 2048 ? 4 : 1; }
+int64_t hc_tokens_per_block(int64_t T) { return int64_t(kMixWarps) * 16 * hc_groups_per_block(T); }
 
 int hc_slices(int hc, int D) { return (hc * D / 4 + kSliceChunks - 1) / kSliceChunks; }
 // Finishing blocks per token: a decode step's few tokens spread x_in over several SMs; a prefill
@@ -642,7 +731,7 @@ void check_mix_operands(const char* op, int64_t T, int hc, int D, const uint16_t
   if (hc != 4) fail("{}: hc {} (the mix kernels are built for hc = 4)", op, hc);
   if (D % 4 || reinterpret_cast<uintptr_t>(X) % 8 || reinterpret_cast<uintptr_t>(fn) % 16)
     fail("{}: D {} must be a multiple of 4, X 8-byte and fn 16-byte aligned", op, D);
-  if ((T + kWarps * kTileTokens - 1) / (kWarps * kTileTokens) / hc_groups_per_block(T) > 65535 ||
+  if ((T + hc_tokens_per_block(T) - 1) / hc_tokens_per_block(T) > 65535 ||
       T * hc_blocks_per_token(T, D, false) + T > 0x7fffffff)
     fail("{}: {} tokens exceed the grid", op, T);
   if (T && !partials) fail("{}: no scratch for the partial sums", op);
@@ -673,11 +762,10 @@ void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const f
                         partials, source, base, scale, iters, norm_eps, hc_eps, norm, out, post, comb, ticket, quant);
     return;
   }
-  const int groups_per_block = hc_groups_per_block(T);
-  const int64_t per_block = int64_t(kWarps) * kTileTokens * groups_per_block;
+  const int64_t per_block = hc_tokens_per_block(T);
   auto partials_kernel = source.y ? hc_mix_partials_kernel<NMix, true> : hc_mix_partials_kernel<NMix, false>;
-  launch_programmatic(partials_kernel, dim3(unsigned(slices), unsigned((T + per_block - 1) / per_block)), dim3(kThreads),
-                      0, stream, X, T, HC * D, fn, slices, groups_per_block, partials, source);
+  launch_programmatic(partials_kernel, dim3(unsigned(slices), unsigned((T + per_block - 1) / per_block)),
+                      dim3(kMixThreads), 0, stream, X, T, HC * D, fn, slices, hc_groups_per_block(T), partials, source);
   const int64_t blocks = T * blocks_per_token + (NMix > HC ? (T + kWarps - 1) / kWarps : 0);
   // As the decode form: at Flash's D the norm's chunks a thread are 2, and the registers half (64, so a
   // prefill chunk's finishing blocks run four to an SM: 142 µs instead of 196 at 8,192 tokens, H200).

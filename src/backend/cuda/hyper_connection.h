@@ -1,7 +1,8 @@
 // Hyper-connections on the GPU (SPEC §3.2 HC_PRE / HC_POST, §3.8 head): the CpuBackend ops of
 // backend/cpu/cpu_hyper_connection.cpp step by step — same Sinkhorn order, same eps placements, same
 // f32 rounding points. The one difference: the CPU accumulates the 24 dot products and the sum of
-// squares in double, these in f32 (another order), so the mixes differ by ~1e-7 relative.
+// squares in double, these in f32 sums (the dot products on the tensor cores, another order), so the
+// mixes differ by ~1e-7 relative.
 // Every pointer is device memory; bf16 values are uint16_t bit patterns; each function only enqueues
 // on `stream` (graph-capturable). `ticket` (hc_pre, hc_post_pre, hc_head): null, or a zeroed counter
 // that no other kernel uses meanwhile; with it a decode step's few rows (up to 2) run in one launch
