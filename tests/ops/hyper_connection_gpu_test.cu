@@ -250,9 +250,10 @@ void check_hc_pre(int64_t T, int hc, int D, int iters) {
 // size (the slices and their order do not depend on T): decode steps of different batch sizes and
 // prefill chunks give a sequence the same numbers.
 TEST(HyperConnectionPre, RowsDoNotDependOnTheBatch) {
-  // 70 tokens: x_in one block a token, alone several; 2100: a partials block walks 16 token groups, and
-  // the finishing blocks of a prefill chunk (Flash's width, and a width whose last slice is cut short).
-  for (const auto& [D, T] : std::vector<std::pair<int, int>>{{4096, 70}, {68, 70}, {128, 2100}, {4096, 2100}, {68, 2100}}) {
+  // 64 tokens: a decode batch's partials (tiles past the first, rows g + 8); 70: the prefill form's
+  // partials, x_in one block a token, alone several; 2100: a partials block walks 4 token groups, and the
+  // finishing blocks of a prefill chunk (Flash's width, and a width whose last slice is cut short).
+  for (const auto& [D, T] : std::vector<std::pair<int, int>>{{4096, 64}, {4096, 70}, {68, 70}, {128, 2100}, {4096, 2100}, {68, 2100}}) {
     const int hc = 4;
     const std::vector<uint16_t> X = random_streams(T, hc, D);
     const HcWeights w = random_weights((2 + hc) * hc, hc * D, 3);

@@ -70,10 +70,11 @@ __device__ __forceinline__ void token_comb(const float* m, const float* base, co
 
 // The mixes in two launches, so that a decode step's one token still spreads the 24 × 16384 f32
 // weights over many SMs and a prefill chunk's thousands of tokens share each weight load:
-//  1. hc_mix_partials_kernel: block (s, g) takes the slice s of kSliceChunks float4 chunks of the hc·D
-//     channels and kMixWarps tiles of 16 tokens, a warp each; the slice's weights wait in shared
-//     memory as the tensor cores take them (below). Its NMix dot products and its sum of squares go
-//     to partials[t][s][·].
+//  1. the partial sums of each token's slices of kSliceChunks float4 chunks of the hc·D channels: its
+//     NMix dot products and its sum of squares, to partials[t][s][·]. A prefill chunk's tokens:
+//     hc_mix_partials_kernel, block (s, g) the slice s of kMixWarps tiles of 16 tokens, a warp each,
+//     the slice's weights waiting in shared memory as the tensor cores take them; a decode batch's:
+//     hc_mix_pair_partials_kernel, a block per slice and 16-row tile, its warps sharing the k-steps.
 //  2. hc_mix_finish_kernel: blocks_per_token blocks per token add the slices' partials of pre and of
 //     the sum of squares (a fixed order), scale by rs and write their share of x_in; for hc_pre, after
 //     them, a warp per token adds all the sums the same way and does the post mixes and the Sinkhorn.
@@ -235,14 +236,15 @@ __device__ __forceinline__ float pair_tree(const float (&s)[kSlicePairs]) {
 // The float4 chunk where the lane's piece (pair p, piece q) starts in slice s.
 __device__ __forceinline__ int piece_chunk(int s, int p, int q) { return s * kSliceChunks + p * 8 + 2 * q; }
 
-// Block (s, y) takes slice s for groups_per_block groups of kMixWarps · 16 tokens, a warp a 16-token tile
-// (row g and g + 8 of lane (g, q) = (lane / 4, lane % 4)). The slice's weight parts are laid out in
-// shared memory as the lanes read them ([tile of mixes][k-step][part][lane], 8 bytes a lane: no bank
-// conflicts), before the programmatic wait: they do not depend on the kernels before.
-template <int NMix, bool kPost>
+// A prefill chunk's rows (more than kPairRows): block (s, y) takes slice s for groups_per_block groups of
+// kMixWarps · 16 tokens, a warp a 16-token tile (rows g and g + 8 of lane (g, q) = (lane / 4, lane % 4)).
+// The slice's weight parts are laid out in shared memory as the lanes read them ([tile of mixes]
+// [k-step][part][lane], 8 bytes a lane: no bank conflicts), before the programmatic wait: they do not
+// depend on the kernels before.
+template <int NMix>
 __global__ void __launch_bounds__(kMixThreads)
     hc_mix_partials_kernel(const uint16_t* __restrict__ X, int64_t T, int width, const float* __restrict__ fn,
-                           int slices, int groups_per_block, float* __restrict__ partials, const PostSource post) {
+                           int slices, int groups_per_block, float* __restrict__ partials) {
   constexpr int NT = (NMix + 7) / 8, NV = NMix + 1;
   __shared__ uint2 parts[NT][kSliceSteps][3][32];
   const int s = blockIdx.x, chunks = width / 4;
@@ -269,7 +271,7 @@ __global__ void __launch_bounds__(kMixThreads)
 #pragma unroll
         for (int h = 0; h < 2; ++h) {
           const int c = piece_chunk(s, p, q) + h;
-          x[p][r][h] = rows[r] < T && c < chunks ? state_chunk<kPost>(X, width, post, rows[r], c) : make_uint2(0, 0);
+          x[p][r][h] = rows[r] < T && c < chunks ? state_chunk<false>(X, width, {}, rows[r], c) : make_uint2(0, 0);
         }
     float acc[NT][4], ss[2][kSlicePairs];
 #pragma unroll
@@ -532,6 +534,98 @@ __device__ __forceinline__ float x_warps_sum(float v) {
   return total;
 }
 
+// Slice s's partial sums of the rows [row0, row0 + rows), rows ≤ kRows ≤ 16 (A rows g and g + 8), by
+// warps 0 … kWarps − 1, warp p the k-steps of pair p with its weights f (mix_weights, loaded by the
+// caller): each warp's results go to shared memory, and after the barrier of those warps the first
+// rows · NV threads add them up in the partial's order and write them.
+template <int NMix, bool kPost, int kRows>
+__device__ __forceinline__ void pair_partials(const uint16_t* X, int64_t row0, int rows, int width,
+                                              const PostSource& post, const float4 (&f)[2][(NMix + 7) / 8], int s,
+                                              int slices, float* partials) {
+  constexpr int NV = NMix + 1, NT = (NMix + 7) / 8;
+  static_assert(kRows <= 16, "one tile of A rows");
+  __shared__ float steps[kRows][kSliceSteps][NMix];  // r[ks][mix] of each row
+  __shared__ float squares[kRows][kSlicePairs][4];    // ss_pq of each row
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
+  const int first = piece_chunk(s, warp, q), chunks = width / 4;
+  uint2 x[2][2] = {};  // [A row g, g + 8][half]
+#pragma unroll
+  for (int r = 0; r < 2; ++r)
+#pragma unroll
+    for (int h = 0; h < 2; ++h)
+      if (g + 8 * r < rows && first + h < chunks) x[r][h] = state_chunk<kPost>(X, width, post, row0 + g + 8 * r, first + h);
+#pragma unroll
+  for (int h = 0; h < 2; ++h) {
+    const uint32_t a[4] = {x[0][h].x, x[1][h].x, x[0][h].y, x[1][h].y};
+    WeightParts w[NT];
+#pragma unroll
+    for (int j = 0; j < NT; ++j) w[j] = weight_parts(f[h][j]);
+    float r[NT][4];
+    mix_step(r, a, w);
+#pragma unroll
+    for (int rr = 0; rr < 2; ++rr)
+#pragma unroll
+      for (int j = 0; j < NT; ++j)
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          if (g + 8 * rr < rows && 8 * j + 2 * q + e < NMix)
+            steps[g + 8 * rr][2 * warp + h][8 * j + 2 * q + e] = r[j][2 * rr + e];
+  }
+#pragma unroll
+  for (int rr = 0; rr < 2; ++rr)
+    if (g + 8 * rr < rows) squares[g + 8 * rr][warp][q] = piece_squares(x[rr][0], x[rr][1]);
+  x_warps_sync();
+  for (int i = threadIdx.x; i < rows * NV; i += kThreads) {
+    const int t = i / NV, j = i % NV;
+    float v;
+    if (j < NMix) {
+      v = steps[t][0][j];
+#pragma unroll
+      for (int ks = 1; ks < kSliceSteps; ++ks) v = __fadd_rn(v, steps[t][ks][j]);
+    } else {
+      float a[4];
+#pragma unroll
+      for (int k = 0; k < 4; ++k) {
+        float sp[kSlicePairs];
+#pragma unroll
+        for (int p = 0; p < kSlicePairs; ++p) sp[p] = squares[t][p][k];
+        a[k] = pair_tree(sp);
+      }
+      v = (a[0] + a[1]) + (a[2] + a[3]);
+    }
+    partials[((row0 + t) * slices + s) * NV + j] = v;
+  }
+}
+
+// Warp p's weights for pair_partials.
+template <int NMix>
+__device__ __forceinline__ void pair_weights(const float* fn, int width, int s, float4 (&f)[2][(NMix + 7) / 8]) {
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int first = piece_chunk(s, warp, lane % 4);
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int j = 0; j < (NMix + 7) / 8; ++j) f[h][j] = mix_weights<NMix>(fn, width, 8 * j + lane / 4, first + h);
+}
+
+// A decode batch's rows (up to kPairRows, and up to 2 without a ticket): block (s, y) takes the 16-row
+// tile y of slice s with pair_partials, its 8 warps sharing each row's k-steps (the prefill form gives a
+// tile to one warp, a chain 8 times longer: at a few rows a slice's one warp would set the kernel's time).
+constexpr int64_t kPairRows = 64;
+static_assert(kHcPostPreMaxRows <= kPairRows, "the state computed beside the mixes: decode rows only");
+template <int NMix, bool kPost>
+__global__ void __launch_bounds__(kThreads)
+    hc_mix_pair_partials_kernel(const uint16_t* __restrict__ X, int64_t T, int width, const float* __restrict__ fn,
+                                int slices, float* __restrict__ partials, const PostSource post) {
+  float4 f[2][(NMix + 7) / 8];
+  pair_weights<NMix>(fn, width, blockIdx.x, f);
+  pdl_wait();
+  pdl_launch_dependents();
+  const int64_t row0 = int64_t(blockIdx.y) * 16;
+  pair_partials<NMix, kPost, 16>(X, row0, int(T - row0 < 16 ? T - row0 : 16), width, post, f, blockIdx.x, slices,
+                                 partials);
+}
+
 template <int NMix, bool kPost, bool kNorm, int kRowChunks = kNormChunks>
 __global__ void __launch_bounds__(kFusedThreads)
     hc_mix_fused_kernel(const uint16_t* __restrict__ X, int T, int D, const float* __restrict__ fn, int slices,
@@ -540,63 +634,16 @@ __global__ void __launch_bounds__(kFusedThreads)
                         const uint16_t* __restrict__ norm, uint16_t* __restrict__ out, float* __restrict__ post,
                         float* __restrict__ comb, unsigned* ticket, const Fp8Rows quant) {
   constexpr int HC = 4, NV = NMix + 1, NT = (NMix + 7) / 8;
-  const int s = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, q = lane % 4;
-  const int width = HC * D, chunks = width / 4, first = piece_chunk(s, warp, q);  // (pair p = warp)
+  const int s = blockIdx.x, lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+  const int width = HC * D;
   float4 f[2][NT];  // (split after the wait, beside the state's loads: fewer registers held across it)
-  if (warp < kWarps)
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-#pragma unroll
-      for (int j = 0; j < NT; ++j) f[h][j] = mix_weights<NMix>(fn, width, 8 * j + g, first + h);
+  if (warp < kWarps) pair_weights<NMix>(fn, width, s, f);
   NormedRows<HC, kRowChunks> rows;
   if constexpr (kNorm)
     if (warp < kWarps) rows.load_weight(norm, D);
   pdl_wait();
   pdl_launch_dependents();
-  __shared__ float steps[kFusedRows][kSliceSteps][NMix];     // r[ks][mix] of each row
-  __shared__ float squares[kFusedRows][kSlicePairs][4];       // ss_pq of each row
-  if (warp < kWarps) {
-    uint2 x[2] = {make_uint2(0, 0), make_uint2(0, 0)};
-#pragma unroll
-    for (int h = 0; h < 2; ++h)
-      if (g < T && first + h < chunks) x[h] = state_chunk<kPost>(X, width, post_source, g, first + h);
-#pragma unroll
-    for (int h = 0; h < 2; ++h) {
-      const uint32_t a[4] = {x[h].x, 0u, x[h].y, 0u};  // (A rows 8 … 15 are past kFusedRows)
-      WeightParts w[NT];
-#pragma unroll
-      for (int j = 0; j < NT; ++j) w[j] = weight_parts(f[h][j]);
-      float r[NT][4];
-      mix_step(r, a, w);
-#pragma unroll
-      for (int j = 0; j < NT; ++j)
-#pragma unroll
-        for (int e = 0; e < 2; ++e)
-          if (g < T && 8 * j + 2 * q + e < NMix) steps[g][2 * warp + h][8 * j + 2 * q + e] = r[j][e];
-    }
-    if (g < T) squares[g][warp][q] = piece_squares(x[0], x[1]);
-    x_warps_sync();
-    if (threadIdx.x < T * NV) {
-      const int t = threadIdx.x / NV, j = threadIdx.x % NV;
-      float v;
-      if (j < NMix) {
-        v = steps[t][0][j];
-#pragma unroll
-        for (int ks = 1; ks < kSliceSteps; ++ks) v = __fadd_rn(v, steps[t][ks][j]);
-      } else {
-        float a[4];
-#pragma unroll
-        for (int k = 0; k < 4; ++k) {
-          float sp[kSlicePairs];
-#pragma unroll
-          for (int p = 0; p < kSlicePairs; ++p) sp[p] = squares[t][p][k];
-          a[k] = pair_tree(sp);
-        }
-        v = (a[0] + a[1]) + (a[2] + a[3]);
-      }
-      partials[(int64_t(t) * slices + s) * NV + j] = v;
-    }
-  }
+  if (warp < kWarps) pair_partials<NMix, kPost, kFusedRows>(X, 0, T, width, post_source, f, s, slices, partials);
   // The last block to get here finishes (its ticket is the grid's size − 1) and resets the ticket for
   // the next launch: every thread's writes are made visible before thread 0 takes one.
   __shared__ bool last;
@@ -762,10 +809,16 @@ void launch_hc_mix(const uint16_t* X, int64_t T, int D, const float* fn, const f
                         partials, source, base, scale, iters, norm_eps, hc_eps, norm, out, post, comb, ticket, quant);
     return;
   }
-  const int64_t per_block = hc_tokens_per_block(T);
-  auto partials_kernel = source.y ? hc_mix_partials_kernel<NMix, true> : hc_mix_partials_kernel<NMix, false>;
-  launch_programmatic(partials_kernel, dim3(unsigned(slices), unsigned((T + per_block - 1) / per_block)),
-                      dim3(kMixThreads), 0, stream, X, T, HC * D, fn, slices, hc_groups_per_block(T), partials, source);
+  if (T <= kPairRows) {
+    launch_programmatic(source.y ? hc_mix_pair_partials_kernel<NMix, true> : hc_mix_pair_partials_kernel<NMix, false>,
+                        dim3(unsigned(slices), unsigned((T + 15) / 16)), dim3(kThreads), 0, stream, X, T, HC * D, fn,
+                        slices, partials, source);
+  } else {
+    if (source.y) fail("hc mixes: the state computed beside them for {} rows (at most {})", T, kPairRows);
+    const int64_t per_block = hc_tokens_per_block(T);
+    launch_programmatic(hc_mix_partials_kernel<NMix>, dim3(unsigned(slices), unsigned((T + per_block - 1) / per_block)),
+                        dim3(kMixThreads), 0, stream, X, T, HC * D, fn, slices, hc_groups_per_block(T), partials);
+  }
   const int64_t blocks = T * blocks_per_token + (NMix > HC ? (T + kWarps - 1) / kWarps : 0);
   // As the decode form: at Flash's D the norm's chunks a thread are 2, and the registers half (64, so a
   // prefill chunk's finishing blocks run four to an SM: 142 µs instead of 196 at 8,192 tokens, H200).
