@@ -535,12 +535,15 @@ __device__ __forceinline__ float x_warps_sum(float v) {
 }
 
 // Slice s's partial sums of the rows [row0, row0 + rows), rows ≤ kRows ≤ 16 (A rows g and g + 8), by
-// warps 0 … kWarps − 1, warp p the k-steps of pair p with its weights f (mix_weights, loaded by the
-// caller): each warp's results go to shared memory, and after the barrier of those warps the first
-// rows · NV threads add them up in the partial's order and write them.
-template <int NMix, bool kPost, int kRows>
+// warps 0 … kWarps − 1, warp p the k-steps of pair p with its weights w (pair_weights: as loaded, W =
+// float4, split here after the state's loads are issued, or W = WeightParts, split by the caller):
+// each warp's results go to shared memory, and after the barrier of those warps the first rows · NV
+// threads add them up in the partial's order and write them.
+__device__ __forceinline__ WeightParts parts_of(const float4& f) { return weight_parts(f); }
+__device__ __forceinline__ const WeightParts& parts_of(const WeightParts& w) { return w; }
+template <int NMix, bool kPost, int kRows, typename W>
 __device__ __forceinline__ void pair_partials(const uint16_t* X, int64_t row0, int rows, int width,
-                                              const PostSource& post, const float4 (&f)[2][(NMix + 7) / 8], int s,
+                                              const PostSource& post, const W (&w)[2][(NMix + 7) / 8], int s,
                                               int slices, float* partials) {
   constexpr int NV = NMix + 1, NT = (NMix + 7) / 8;
   static_assert(kRows <= 16, "one tile of A rows");
@@ -557,11 +560,11 @@ __device__ __forceinline__ void pair_partials(const uint16_t* X, int64_t row0, i
 #pragma unroll
   for (int h = 0; h < 2; ++h) {
     const uint32_t a[4] = {x[0][h].x, x[1][h].x, x[0][h].y, x[1][h].y};
-    WeightParts w[NT];
+    WeightParts wh[NT];
 #pragma unroll
-    for (int j = 0; j < NT; ++j) w[j] = weight_parts(f[h][j]);
+    for (int j = 0; j < NT; ++j) wh[j] = parts_of(w[h][j]);
     float r[NT][4];
-    mix_step(r, a, w);
+    mix_step(r, a, wh);
 #pragma unroll
     for (int rr = 0; rr < 2; ++rr)
 #pragma unroll
@@ -597,7 +600,7 @@ __device__ __forceinline__ void pair_partials(const uint16_t* X, int64_t row0, i
   }
 }
 
-// Warp p's weights for pair_partials.
+// Warp p's weights for pair_partials (split with weight_parts).
 template <int NMix>
 __device__ __forceinline__ void pair_weights(const float* fn, int width, int s, float4 (&f)[2][(NMix + 7) / 8]) {
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
@@ -617,12 +620,25 @@ template <int NMix, bool kPost>
 __global__ void __launch_bounds__(kThreads)
     hc_mix_pair_partials_kernel(const uint16_t* __restrict__ X, int64_t T, int width, const float* __restrict__ fn,
                                 int slices, float* __restrict__ partials, const PostSource post) {
-  float4 f[2][(NMix + 7) / 8];
+  // The weights split before the programmatic wait: ~500 instructions a thread that are then off the
+  // chain (split after it, the kernel took 2–5 µs more than the FMA form it replaced at 16–64 rows).
+  constexpr int NT = (NMix + 7) / 8;
+  float4 f[2][NT];
   pair_weights<NMix>(fn, width, blockIdx.x, f);
+  WeightParts w[2][NT];
+#pragma unroll
+  for (int h = 0; h < 2; ++h)
+#pragma unroll
+    for (int j = 0; j < NT; ++j) {
+      w[h][j] = weight_parts(f[h][j]);
+#pragma unroll
+      for (int k = 0; k < 3; ++k)  // (computed here: the compiler would otherwise sink them past the wait)
+        asm volatile("" : "+r"(w[h][j].b[k][0]), "+r"(w[h][j].b[k][1]));
+    }
   pdl_wait();
   pdl_launch_dependents();
   const int64_t row0 = int64_t(blockIdx.y) * 16;
-  pair_partials<NMix, kPost, 16>(X, row0, int(T - row0 < 16 ? T - row0 : 16), width, post, f, blockIdx.x, slices,
+  pair_partials<NMix, kPost, 16>(X, row0, int(T - row0 < 16 ? T - row0 : 16), width, post, w, blockIdx.x, slices,
                                  partials);
 }
 
