@@ -141,9 +141,10 @@ struct PostSource {
   int D;
 };
 
-// The 4 channels of chunk q (flattened over the hc streams) of token t, as hc_post computes them.
+// The 4 channels of chunk q (flattened over the hc streams) of token t, as hc_post computes them, written
+// out and returned.
 template <int HC>
-__device__ __forceinline__ uint2 posted_chunk(const PostSource& p, int64_t t, int q, bool write = true) {
+__device__ __forceinline__ uint2 posted_chunk(const PostSource& p, int64_t t, int q) {
   const int c = 4 * q, b = c / p.D, d = c % p.D;
   const uint16_t* xt = p.X + t * HC * p.D + d;
   float x[HC][4];
@@ -166,7 +167,7 @@ __device__ __forceinline__ uint2 posted_chunk(const PostSource& p, int64_t t, in
     h[e] = bf16_bits(__fadd_rn(__fmul_rn(pb, y[e]), mixed));
   }
   const uint2 v = make_uint2(uint32_t(h[0]) | uint32_t(h[1]) << 16, uint32_t(h[2]) | uint32_t(h[3]) << 16);
-  if (write) reinterpret_cast<uint2*>(p.out + t * HC * p.D)[q] = v;
+  reinterpret_cast<uint2*>(p.out + t * HC * p.D)[q] = v;
   return v;
 }
 
