@@ -384,7 +384,7 @@ TEST(LinearFp8Block, EveryTileCount) {
 TEST(LinearFp8BlockTiled, FlashAndFixtureShapes) {
   const int flash[][2] = {{1024, 4096}, {32768, 1024}, {512, 4096}, {4096, 8192}, {2048, 4096}, {4096, 2048}, {8192, 1024}};
   for (auto [N, K] : flash)
-    for (int64_t rows : {16, 33, 64, 100}) check_fp8(rows, N, K, Path::Tiled);
+    for (int64_t rows : {1, 5, 16, 33, 64, 100}) check_fp8(rows, N, K, Path::Tiled);
   for (int64_t rows : {1, 32, 300}) {
     check_fp8(rows, 128, 128, Path::Tiled);
     check_fp8(rows, 2048, 128, Path::Tiled);
@@ -671,8 +671,9 @@ void check_fp8w_backend(int64_t rows, int groups, int rank, int K) {
   expect_fp8w_near_cpu("grouped_out_proj", x, w, y, rows, groups, rank, K);
 }
 
-// linear_fp8w_mma: rows alone (the 16-row tile with its deeper stages) against the same rows in a
-// batch of `rows` (the 64-row tile), bit for bit, outputs poisoned first.
+// linear_fp8w_mma: rows alone (up to 8 the register form, up to 16 the 16-row tile with its deeper
+// stages) against the same rows in a batch of `rows` (the 64-row tile), bit for bit, outputs
+// poisoned first.
 void check_fp8w_mma_rows_alone(int groups, int rank, int K, int64_t rows, const std::vector<int64_t>& firsts,
                                const std::vector<int64_t>& counts) {
   const int N = groups * rank;
@@ -694,13 +695,13 @@ void check_fp8w_mma_rows_alone(int groups, int rank, int K, int64_t rows, const 
                     });
 }
 
-TEST(GroupedOutProjFp8, TiledRowsDoNotDependOnTheBatch) {
-  check_fp8w_mma_rows_alone(8, 1024, 4096, 100, {0, 3, 50}, {1, 5, 16, 17, 40});  // DeepSeek-V4-Flash's wo_a
-  check_fp8w_mma_rows_alone(1, 256, 1024, 100, {0, 7}, {1, 9, 16, 33});          // one group, the fixtures' K
+TEST(GroupedOutProjFp8, RowsDoNotDependOnTheBatch) {
+  check_fp8w_mma_rows_alone(8, 1024, 4096, 100, {0, 3, 50}, {1, 5, 8, 9, 16, 17, 40});  // DeepSeek-V4-Flash's wo_a
+  check_fp8w_mma_rows_alone(1, 256, 1024, 100, {0, 7}, {1, 8, 9, 16, 33});  // one group, the fixtures' K: 8 runs
 }
 
 TEST(GroupedOutProjFp8, BackendAgainstTheCpu) {
-  for (int64_t rows : {1, 7, 15, 16, 33, 64, 130}) {
+  for (int64_t rows : {1, 7, 8, 9, 15, 16, 33, 64, 130}) {
     check_fp8w_backend(rows, 8, 1024, 4096);
     check_fp8w_backend(rows, 2, 128, 1024);
   }
@@ -716,7 +717,8 @@ TEST(LinearSanitizer, Small) {
   check_bf16w(Bf16Op::LinearBf16, 9, 24, 128);
   check_bf16w(Bf16Op::LinearF32FromF32, 3, 16, 40);
   check_bf16w(Bf16Op::GroupedOutProj, 2, 2 * 8, 64, 2);
-  check_fp8w_backend(5, 2, 128, 256);   // the 16-row tile
+  check_fp8w_backend(5, 2, 128, 256);   // the register form
+  check_fp8w_backend(12, 2, 128, 256);  // the 16-row tile
   check_fp8w_backend(20, 2, 128, 256);  // the 64-row tile
   check_fp8(70, 256, 512, Path::Tiled);  // two row tiles, two runs of K
 }

@@ -4,26 +4,36 @@
 // activations' exact bf16 values (the products the reference's FP8 GEMM makes: x's power-of-two scale
 // rides in the bf16 values), where cuBLASLt would need the weight's bf16 copy per call.
 //
-// Tiles through shared memory: a block takes 128 weight columns (one scale row) × 16 activation rows
-// (up to 16 rows, 7 stages) or 64 (4 stages), and walks its run of K in 64-channel stages through
-// cp.async (the weight stages ask for HBM before the programmatic-launch wait: they do not depend on
-// the kernel ahead). 8 warps, each 16 columns × the block's rows: up to 8 mma.sync m16n8k16 (bf16,
-// f32 accumulators) per 16 channels, one per 8-row tile that holds a row (tiles past `rows` are
-// neither loaded nor multiplied). The weight is the MMA's M side. Its codes are converted in
-// registers (e4m3 → f16 → f32 → bf16, exact) from 4-byte shared loads, each by one warp.
-// Measured against earlier forms (docs/perf/2026-12-07-wo-a-fp8-tiled.md, wo_a's 33.5 MB on an H100):
-// warps of 32 columns × 32 rows, which converted every code twice and ran every tile, took ~28 µs
-// at 1–64 rows; this form at 64-row tiles 20 µs at one row, with the 16-row tile's 7 stages 18.3; a
-// CUDA-core kernel (16-byte loads of 16 codes) 22.2. The activations' B fragments are 8-byte shared
-// loads. Both use one map of the MMA's k positions onto the 16 channels (lane t holds channels
-// 4t … 4t + 3: k pairs {2t, 2t+1} and {2t+8, 2t+9}), which a dot product allows, so no ldmatrix and no
-// transposition. Row strides of 80 and 160 bytes keep those loads free of bank conflicts.
+// Two forms, one arithmetic. The weight is the MMA's M side (16 columns a warp), the activation rows
+// its N side (8-row tiles), and both forms use one map of the MMA's k positions onto a 64-channel
+// chunk, which a dot product allows: in step s (4 a chunk) lane (g, t) supplies channels
+// 16t + 4s … 16t + 4s + 3 (the k pairs {2t, 2t+1} and {2t+8, 2t+9} of m16n8k16). So a lane's 16
+// weight bytes of a chunk are one 16-byte load, and its 32 activation bytes two.
+// - Up to 8 rows (a decode step): the weight streams straight into registers, as the FP8 decode
+//   kernel of linear_fp8_mma.cu does — no shared memory and no barrier a stage. A warp takes 16
+//   columns and one run of K, loads the next 128-channel block while the current one multiplies
+//   (the first block's weights before the programmatic-launch wait), and the block adds its warps'
+//   runs in run order: one launch. The tiled form's 16-row tile took 16.3 µs on wo_a's 33.5 MB at
+//   one row on an H200, plus 1.4 µs for the launch that adds its runs, where wq_b (as many bytes)
+//   takes 11.7 on the register form (docs/perf/2026-12-07-wo-a-register-form.md).
+// - From 9 rows, tiles through shared memory: a block takes 128 weight columns (one scale row) ×
+//   16 activation rows (up to 16 rows, 7 stages) or 64 (4 stages), and walks its run of K in
+//   64-channel stages through cp.async (the weight stages ask for HBM before the wait: they do not
+//   depend on the kernel ahead). 8 warps, each 16 columns × the block's rows: one mma.sync per
+//   8-row tile that holds a row and 16 channels (tiles past `rows` are neither loaded nor
+//   multiplied). Weight rows take 64 bytes in shared memory and activation rows 144: the 16-byte
+//   loads of a quarter warp (rows g, g + 1 × t) then meet no bank twice.
+// The codes are converted in registers (e4m3 → f16 → f32 → bf16, exact). Measured against earlier
+// tiled forms (docs/perf/2026-12-07-wo-a-fp8-tiled.md, wo_a on an H100): warps of 32 columns × 32
+// rows, which converted every code twice and ran every tile, ~28 µs at 1–64 rows; a CUDA-core
+// kernel (16-byte loads of 16 codes) 22.2 µs at one row.
 //
 // Numerics: the reference's bf16 products, exact in f32; per 128-channel scale block the tensor core
-// sums them (f32, its order), the block's sum is scaled by its power of two and added in f32 (as the
-// FP8 kernels promote). Runs of K over `splits` blocks (from N and K only, so a row's bits never
-// depend on the batch) write f32 partials that a second launch adds in run order. A row's arithmetic
-// does not depend on the rows beside it.
+// sums them (f32, its order: the same 8 MMAs in the same order in both forms), the block's sum is
+// scaled by its power of two and added in f32 (fmaf, as the FP8 kernels promote). Runs of K (from
+// N and K only) are added in run order: in the block (register form) or by a second launch over f32
+// partials (tiled). An output has the same bits in either form and a row's arithmetic does not
+// depend on the rows beside it, so a row's bits never depend on the batch.
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 #include <cuda_fp8.h>
@@ -41,11 +51,12 @@ namespace {
 
 constexpr int kThreads = 256;
 constexpr int kBN = 128, kBK = 64;
-constexpr int kWStride = kBK + 16;      // bytes a weight row takes in shared memory
-constexpr int kXStride = 2 * kBK + 32;  // bytes an activation row takes
+constexpr int kWStride = kBK;           // bytes a weight row takes in shared memory
+constexpr int kXStride = 2 * kBK + 16;  // bytes an activation row takes
 constexpr int kWStage = kBN * kWStride;
 constexpr int kTargetBlocks = 264;  // two per SM on 132 SMs
 constexpr int kSmallRows = 16;      // up to here the 16-row tile
+constexpr int kRegisterRows = 8;    // up to here the register form
 
 // The block's rows (kBM) and the stages it has: a decode step's few rows leave room for deeper
 // stages in the same shared memory (within sm_120's 99 KB a block), so more weight bytes in flight.
@@ -53,7 +64,7 @@ template <int kBM>
 struct RowTile {
   static constexpr int kStages = kBM <= kSmallRows ? 7 : 4;
   static constexpr int kXStage = kBM * kXStride;
-  static constexpr int kSmem = kStages * (kWStage + kXStage);  // 87.5 KB at 16 rows, 80 KB at 64
+  static constexpr int kSmem = kStages * (kWStage + kXStage);  // 71.75 KB at 16 rows, 68 KB at 64
   static_assert(kSmem <= 99 * 1024, "sm_120: 99 KB of shared memory a block");
 };
 
@@ -63,6 +74,32 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t codes) {
   const float2 f = __half22float2(__half2(h));
   const __nv_bfloat162 b = __floats2bfloat162_rn(f.x, f.y);
   return *reinterpret_cast<const uint32_t*>(&b);
+}
+
+__device__ __forceinline__ uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
+
+// The A fragment of MMA step s from a lane's 16 code bytes of rows g (lo) and g + 8 (hi).
+__device__ __forceinline__ void weight_fragment(const uint4& lo, const uint4& hi, int s, uint32_t (&a)[4]) {
+  const uint32_t l = word(lo, s), h = word(hi, s);
+  a[0] = e4m3x2_to_bf16x2(l);
+  a[1] = e4m3x2_to_bf16x2(h);
+  a[2] = e4m3x2_to_bf16x2(l >> 16);
+  a[3] = e4m3x2_to_bf16x2(h >> 16);
+}
+
+// MMA step s of a chunk: the lane's 8 activation words (channels 16t … 16t + 15) give words 2s, 2s + 1.
+__device__ __forceinline__ void mma_step(float (&d)[4], const uint32_t (&a)[4], const uint4& x0, const uint4& x1, int s) {
+  const uint4& x = s < 2 ? x0 : x1;
+  mma_bf16(d, a, word(x, 2 * (s % 2)), word(x, 2 * (s % 2) + 1));
+}
+
+// Block scaling: the 128-channel block's tensor-core sum times its power of two, added in f32.
+__device__ __forceinline__ void add_scaled(float (&total)[4], float (&part)[4], float sw) {
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    total[i] = __fmaf_rn(part[i], sw, total[i]);
+    part[i] = 0.f;
+  }
 }
 
 template <int kBM>
@@ -127,29 +164,25 @@ __global__ void __launch_bounds__(kThreads, 2)
       load_x(next);
     }
     cp_async_commit();
-    const uint32_t wa = s_w + (step % kStages) * kWStage, xa = s_x + (step % kStages) * kXStage;
+    const uint32_t wa = s_w + (step % kStages) * kWStage + (warp * 16 + g) * kWStride + 16 * t;
+    const uint32_t xa = s_x + (step % kStages) * kXStage + g * kXStride + 32 * t;
+    uint32_t a[4][4];
+    {
+      const uint4 lo = ld_shared_v4(wa), hi = ld_shared_v4(wa + 8 * kWStride);
 #pragma unroll
-    for (int ks = 0; ks < kBK / 16; ++ks) {
-      const uint32_t at = wa + (warp * 16 + g) * kWStride + ks * 16 + 4 * t;
-      const uint32_t lo = ld_shared_u32(at), hi = ld_shared_u32(at + 8 * kWStride);
-      const uint32_t a[4] = {e4m3x2_to_bf16x2(lo), e4m3x2_to_bf16x2(hi), e4m3x2_to_bf16x2(lo >> 16),
-                             e4m3x2_to_bf16x2(hi >> 16)};
-#pragma unroll
-      for (int nt = 0; nt < kBM / 8; ++nt) {
-        if (nt >= row_tiles) break;  // the same for the whole block
-        const uint2 b = ld_shared_v2(xa + (nt * 8 + g) * kXStride + (ks * 16 + 4 * t) * 2);
-        mma_bf16(part[nt], a, b.x, b.y);
-      }
+      for (int s = 0; s < 4; ++s) weight_fragment(lo, hi, s, a[s]);
     }
-    if (step % 2 == 1) {  // a 128-channel block done: its power-of-two scale, then the f32 total
+#pragma unroll
+    for (int nt = 0; nt < kBM / 8; ++nt) {
+      if (nt >= row_tiles) break;  // the same for the whole block
+      const uint4 x0 = ld_shared_v4(xa + nt * 8 * kXStride), x1 = ld_shared_v4(xa + nt * 8 * kXStride + 16);
+#pragma unroll
+      for (int s = 0; s < 4; ++s) mma_step(part[nt], a[s], x0, x1, s);
+    }
+    if (step % 2 == 1) {  // a 128-channel block done
       const float sw = e8m0_to_f32_dev(__ldg(scale_row + kb_begin + step / 2));
 #pragma unroll
-      for (int nt = 0; nt < kBM / 8; ++nt)
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          total[nt][i] += part[nt][i] * sw;
-          part[nt][i] = 0.f;
-        }
+      for (int nt = 0; nt < kBM / 8; ++nt) add_scaled(total[nt], part[nt], sw);
     }
   }
   cp_async_wait_all();
@@ -166,6 +199,91 @@ __global__ void __launch_bounds__(kThreads, 2)
       else if (y_f32) static_cast<float*>(y)[at] = total[nt][i];
       else static_cast<uint16_t*>(y)[at] = bf16_bits(total[nt][i]);
     }
+}
+
+// Up to kRegisterRows rows: a block is 8 warps, 8 / splits column tiles × splits runs of K (warp =
+// tile · splits + run). Lane (g, t) streams bytes 16t … 16t + 15 of each 64-channel chunk of weight
+// rows col0 + g and col0 + g + 8, and the same channels of activation row g (zeros past `rows`).
+__global__ void __launch_bounds__(kThreads, 2)
+    linear_fp8w_rows_kernel(const uint16_t* __restrict__ x, int rows, int K, int64_t x_row_stride, int cols_per_group,
+                            const uint8_t* __restrict__ w, const uint8_t* __restrict__ w_scale, int N, int splits,
+                            void* __restrict__ y, bool y_f32) {
+  constexpr int kWarps = kThreads / 32;
+  __shared__ float run_sum[kWarps][4][32];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32, g = lane / 4, t = lane % 4;
+  const int tile = int(blockIdx.x) * (kWarps / splits) + warp / splits, run = warp % splits;
+  const int col0 = tile * 16, kblocks = K / 128;
+  const int kb_begin = run * kblocks / splits, kb_end = (run + 1) * kblocks / splits;
+  const uint8_t* w_lo = w + int64_t(col0 + g) * K + 16 * t;
+  const uint8_t* w_hi = w_lo + int64_t(8) * K;
+  const uint8_t* scale_row = w_scale + int64_t(col0 / 128) * kblocks;
+  const bool row_ok = g < rows;
+  const uint16_t* x_row = x + int64_t(row_ok ? g : 0) * x_row_stride + int64_t(col0 / cols_per_group) * K + 16 * t;
+
+  // Block kb + 1 is loaded while block kb multiplies: [2c] row g / channels 16t … 16t + 7 of chunk c,
+  // [2c + 1] row g + 8 / channels 16t + 8 … 16t + 15.
+  uint4 next_w[4], next_x[4];
+  float next_sw = 0.f;
+  const auto load_weights = [&](int kb) {
+#pragma unroll
+    for (int c = 0; c < 2; ++c) {
+      next_w[2 * c] = __ldg(reinterpret_cast<const uint4*>(w_lo + int64_t(kb) * 128 + 64 * c));
+      next_w[2 * c + 1] = __ldg(reinterpret_cast<const uint4*>(w_hi + int64_t(kb) * 128 + 64 * c));
+    }
+    next_sw = e8m0_to_f32_dev(__ldg(scale_row + kb));
+  };
+  const auto load_acts = [&](int kb) {
+#pragma unroll
+    for (int i = 0; i < 4; ++i)
+      next_x[i] = row_ok ? __ldg(reinterpret_cast<const uint4*>(x_row + int64_t(kb) * 128 + 64 * (i / 2) + 8 * (i % 2)))
+                         : make_uint4(0, 0, 0, 0);
+  };
+  // The first block's weights stream while the kernel ahead finishes.
+  if (kb_begin < kb_end) load_weights(kb_begin);
+  pdl_wait();
+  pdl_launch_dependents();
+  if (kb_begin < kb_end) load_acts(kb_begin);
+  float total[4] = {};
+  for (int kb = kb_begin; kb < kb_end; ++kb) {
+    const uint4 cw[4] = {next_w[0], next_w[1], next_w[2], next_w[3]};
+    const uint4 cx[4] = {next_x[0], next_x[1], next_x[2], next_x[3]};
+    const float sw = next_sw;
+    if (kb + 1 < kb_end) {
+      load_weights(kb + 1);
+      load_acts(kb + 1);
+    }
+    float part[4] = {};
+#pragma unroll
+    for (int c = 0; c < 2; ++c)
+#pragma unroll
+      for (int s = 0; s < 4; ++s) {
+        uint32_t a[4];
+        weight_fragment(cw[2 * c], cw[2 * c + 1], s, a);
+        mma_step(part, a, cx[2 * c], cx[2 * c + 1], s);
+      }
+    add_scaled(total, part, sw);
+  }
+  if (splits > 1) {  // the runs, added in run order (the tiled form's second launch)
+#pragma unroll
+    for (int i = 0; i < 4; ++i) run_sum[warp][i][lane] = total[i];
+    __syncthreads();
+    if (run != 0) return;
+#pragma unroll
+    for (int i = 0; i < 4; ++i) {
+      float sum = run_sum[warp][i][lane];
+      for (int s = 1; s < splits; ++s) sum += run_sum[warp + s][i][lane];
+      total[i] = sum;
+    }
+  }
+  // Accumulator i: column col0 + g (+8 for i ≥ 2), row 2t (+1 for odd i).
+#pragma unroll
+  for (int i = 0; i < 4; ++i) {
+    const int n = col0 + g + (i >= 2 ? 8 : 0), r = 2 * t + (i & 1);
+    if (r >= rows) continue;
+    const int64_t at = int64_t(r) * N + n;
+    if (y_f32) static_cast<float*>(y)[at] = total[i];
+    else static_cast<uint16_t*>(y)[at] = bf16_bits(total[i]);
+  }
 }
 
 // y = Σ over the runs, in run order, of their f32 partials (rounded to bf16 unless y_f32).
@@ -202,7 +320,7 @@ bool linear_fp8w_mma_available(int64_t rows, int K, int64_t x_row_stride, int gr
 }
 
 size_t linear_fp8w_mma_workspace(int64_t rows, int K, int N) {
-  const int splits = k_runs(N, K);
+  const int splits = rows <= kRegisterRows ? 1 : k_runs(N, K);  // (the register form adds its runs in the block)
   return splits > 1 ? size_t(splits) * size_t(rows) * size_t(N) * sizeof(float) : 0;
 }
 
@@ -213,6 +331,12 @@ void linear_fp8w_mma(const uint16_t* x, int64_t rows, int K, int64_t x_row_strid
          "of 128, the row stride of 8, x and w 16-byte aligned",
          rows, K, N, groups, x_row_stride);
   const int splits = k_runs(N, K);
+  if (rows <= kRegisterRows) {
+    launch_programmatic(linear_fp8w_rows_kernel, dim3(unsigned(N / 16 / (kThreads / 32 / splits))), dim3(kThreads), 0,
+                        stream, x, int(rows), K, x_row_stride, N / groups, w, w_scale, N, splits, y, y_f32);
+    DSV4_CUDA_CHECK_LAUNCH();
+    return;
+  }
   if (splits > 1 && !workspace) fail("linear_fp8w_mma: {} runs of K need the workspace", splits);
   const auto launch = [&](auto kernel, int row_tile, int smem) {
     allow_dynamic_smem(kernel, smem);
