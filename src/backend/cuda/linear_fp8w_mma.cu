@@ -13,9 +13,9 @@
 //   kernel of linear_fp8_mma.cu does — no shared memory and no barrier a stage. A warp takes 16
 //   columns and one run of K, loads the next 128-channel block while the current one multiplies
 //   (the first block's weights before the programmatic-launch wait), and the block adds its warps'
-//   runs in run order: one launch. The tiled form's 16-row tile took 16.3 µs on wo_a's 33.5 MB at
-//   one row on an H200, plus 1.4 µs for the launch that adds its runs, where wq_b (as many bytes)
-//   takes 11.7 on the register form (docs/perf/2026-12-07-wo-a-register-form.md).
+//   runs in run order: one launch. On an H100, wo_a's 33.5 MB at 1–8 rows: 13.6–14.2 µs (80–82% of
+//   copy) against 18.4–19.3 for the 16-row tile and its sum launch; the batch-1 step 1.8% shorter
+//   (docs/perf/2026-12-07-wo-a-register-form.md).
 // - From 9 rows, tiles through shared memory: a block takes 128 weight columns (one scale row) ×
 //   16 activation rows (up to 16 rows, 7 stages) or 64 (4 stages), and walks its run of K in
 //   64-channel stages through cp.async (the weight stages ask for HBM before the wait: they do not
@@ -60,6 +60,9 @@ constexpr int kRegisterRows = 8;    // up to here the register form
 
 // The block's rows (kBM) and the stages it has: a decode step's few rows leave room for deeper
 // stages in the same shared memory (within sm_120's 99 KB a block), so more weight bytes in flight.
+// The 16-row tile's 71.75 KB let three blocks share an H100's SM (87.5 KB with 80-byte weight rows
+// allowed two): the batch-16 step measured 1% longer, with wo_b, launched early behind wo_a, the
+// slower of the two. 8 stages (82 KB, two blocks again) is the candidate, not yet run on a GPU.
 template <int kBM>
 struct RowTile {
   static constexpr int kStages = kBM <= kSmallRows ? 7 : 4;
