@@ -58,8 +58,6 @@ __device__ __forceinline__ uint32_t e4m3x2_to_f16x2(uint32_t codes) {
   return uint32_t(h.x) | uint32_t(h.y) << 16;
 }
 
-__device__ __forceinline__ uint32_t word(const uint4& v, int s) { return s == 0 ? v.x : s == 1 ? v.y : s == 2 ? v.z : v.w; }
-
 // The A fragment of one MMA step from the two rows' 32-bit words l (row g) and h (row g + 8).
 __device__ __forceinline__ void weight_fragment(uint32_t l, uint32_t h, uint32_t (&a)[4]) {
   a[0] = e4m3x2_to_f16x2(l);

@@ -79,8 +79,6 @@ __device__ __forceinline__ uint32_t e4m3x2_to_bf16x2(uint32_t codes) {
   return *reinterpret_cast<const uint32_t*>(&b);
 }
 
-__device__ __forceinline__ uint32_t word(const uint4& v, int i) { return i == 0 ? v.x : i == 1 ? v.y : i == 2 ? v.z : v.w; }
-
 // The A fragment of MMA step s from a lane's 16 code bytes of rows g (lo) and g + 8 (hi).
 __device__ __forceinline__ void weight_fragment(const uint4& lo, const uint4& hi, int s, uint32_t (&a)[4]) {
   const uint32_t l = word(lo, s), h = word(hi, s);
